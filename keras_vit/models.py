@@ -1,0 +1,283 @@
+"""Functional Vision Transformer models, called like `keras.applications`.
+
+`VisionTransformer(...)` is the one generic builder; `ViTB16`, `R50ViTB16`, ... are thin
+wrappers over it that read the variant table (`keras_vit.variants`). The forward pass
+reads in paper order: preprocessing, (ResNet stem), patch embedding, class token,
+position embedding, encoder blocks, final norm, pooling, pre-logits, head.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import keras
+
+from keras_vit import layers as vit_layers
+from keras_vit import resnet
+from keras_vit import variants
+from keras_vit import weights as weights_lib
+
+CLASSIFIERS = ("token", "gap")
+
+BASE_DOCSTRING = """Builds {paper_name} (arXiv:2010.11929), keras.applications style.
+
+Args:
+    include_top: bool. Include the classification head (and pre-logits). Defaults to `True`.
+    weights: `None` (random initialization), a registered checkpoint name (see
+        `keras_vit.list_weights("{variant}")`), or a path to an original `.npz` checkpoint or a
+        Keras `.weights.h5` file. `"imagenet"` picks the best ImageNet-1k checkpoint for the
+        input size. Defaults to `"imagenet"`.
+    input_tensor: optional Keras tensor to use as the image input.
+    input_shape: (height, width, channels); height and width divisible by {stride}.
+        Defaults to `(224, 224, 3)`.
+    pooling: with `include_top=False`: `None` returns the token sequence
+        (batch, tokens, {hidden_dim}) after the final norm; `"token"` (class token) or `"avg"`
+        (mean of all tokens) return a vector. Ignored with `include_top=True`.
+    classes: int. Number of classes of the head. Defaults to `1000`.
+    classifier_activation: str or callable for the head's output, `None` for logits.
+        Defaults to `"softmax"`.
+    include_preprocessing: bool. `True`: the model takes raw pixels in [0, 255] and
+        maps them to [-1, 1] inside; `False`: it takes [-1, 1]. Defaults to `True`.
+    classifier: `"token"` (class token, the paper's default) or `"gap"` (global average
+        pooling, no class token). Defaults to `"token"`.
+    representation_size: optional int. Width of a `pre_logits` Dense + tanh layer before the
+        head (the ImageNet-21k pre-training head). Defaults to `None`.
+    position_embedding: `"learned"`, `"learned_2d"`, `"sincos_2d"` or `"none"`.
+        Defaults to `"learned"`.
+    dropout_rate: float. Dropout after the position embedding, attention and in the MLP.
+    attention_dropout_rate: float. Dropout on attention weights.
+    drop_path_rate: float. Stochastic depth, rising linearly from 0 to this rate over the blocks.
+    name: str. Model name. Defaults to `"{model_name}"`.
+
+Returns:
+    A functional `keras.Model`.
+"""
+
+
+def _validate(*, include_top, pooling, classes, classifier, position_embedding, classifier_activation,
+              weights_source) -> None:
+    if classifier not in CLASSIFIERS:
+        raise ValueError(f"Unknown classifier {classifier!r}. Expected one of {CLASSIFIERS}.")
+    if position_embedding not in vit_layers.POSITION_EMBEDDINGS:
+        raise ValueError(f"Unknown position_embedding {position_embedding!r}. "
+                         f"Expected one of {vit_layers.POSITION_EMBEDDINGS}.")
+    if pooling is not None and pooling not in vit_layers.POOLINGS:
+        raise ValueError(f"Unknown pooling {pooling!r}. Expected None or one of {vit_layers.POOLINGS}.")
+    if pooling == "token" and classifier == "gap" and not include_top:
+        raise ValueError("pooling='token' needs a class token, but classifier='gap' has none. "
+                         "Use pooling='avg' or classifier='token'.")
+    if not isinstance(classes, int) or classes < 1:
+        raise ValueError(f"`classes` must be a positive int. Received: classes={classes!r}")
+    if weights_source is not None and include_top and classifier_activation not in (None, "softmax"):
+        raise ValueError("With pretrained weights and include_top=True, classifier_activation must be None "
+                         f"or 'softmax'. Received: classifier_activation={classifier_activation!r}")
+
+
+def _image_input(input_tensor, input_shape, stride: int, pretrained: bool):
+    """Returns the model's image input tensor after checking its shape."""
+    if input_tensor is not None:
+        image = input_tensor if keras.backend.is_keras_tensor(input_tensor) else keras.Input(tensor=input_tensor)
+        shape = tuple(image.shape[1:])
+    else:
+        shape = tuple(input_shape) if input_shape is not None else (224, 224, 3)
+        image = None
+    if len(shape) != 3:
+        raise ValueError(f"`input_shape` must be (height, width, channels). Received: {shape}")
+    height, width, channels = shape
+    if height is None or width is None:
+        raise ValueError(f"ViT needs a static height and width to size its position embedding. "
+                         f"Received input shape: {shape}")
+    if channels is None or channels < 1 or (pretrained and channels != 3):
+        expected = "3 (RGB), as the pretrained weights" if pretrained else "a positive number of"
+        raise ValueError(f"Wrong channel count: input has {channels} channels; expected {expected} channels.")
+    for size, axis in ((height, "height"), (width, "width")):
+        if size % stride:
+            raise ValueError(f"Input {axis} {size} is not divisible by the model's patch stride {stride}. "
+                             f"Expected a multiple of {stride}, e.g. {max(stride, size // stride * stride)}.")
+    return (image if image is not None else keras.Input(shape=shape, name="image")), shape
+
+
+def VisionTransformer(
+    variant: str | None = None,
+    *,
+    patch_size: int | None = None,
+    hidden_dim: int | None = None,
+    mlp_dim: int | None = None,
+    num_heads: int | None = None,
+    num_layers: int | None = None,
+    resnet_stages: Sequence[int] | None = None,
+    include_top: bool = True,
+    weights: str | None = None,
+    input_tensor=None,
+    input_shape: Sequence[int | None] | None = None,
+    pooling: str | None = None,
+    classes: int = 1000,
+    classifier_activation: str | Callable | None = "softmax",
+    include_preprocessing: bool = True,
+    classifier: str = "token",
+    representation_size: int | None = None,
+    position_embedding: str = "learned",
+    dropout_rate: float = 0.0,
+    attention_dropout_rate: float = 0.0,
+    drop_path_rate: float = 0.0,
+    name: str = "vision_transformer",
+) -> keras.Model:
+    """Builds a Vision Transformer of any size (arXiv:2010.11929).
+
+    Args:
+        variant: optional variant name ("B/16", "R50+B/16", ...) whose architecture fills the
+            architecture arguments not given; needed for registered `weights` names.
+        patch_size, hidden_dim, mlp_dim, num_heads, num_layers: the architecture
+            (patch size on the image, or on the ResNet feature map for hybrids).
+        resnet_stages: optional units per ResNet stage, e.g. (3, 4, 9), for a hybrid model.
+        Other arguments: as the variant builders (`help(keras_vit.ViTB16)`); `weights`
+            defaults to `None` here.
+    """
+    config = variants.decode_variant(variant) if variant else {}
+    overrides = dict(patch_size=patch_size, hidden_dim=hidden_dim, mlp_dim=mlp_dim, num_heads=num_heads,
+                     num_layers=num_layers, resnet_stages=resnet_stages)
+    config.update({key: value for key, value in overrides.items() if value is not None})
+    missing = [key for key in ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers")
+               if key not in config]
+    if missing:
+        raise ValueError(f"VisionTransformer needs `variant` or the architecture arguments {missing}.")
+    weights_source = weights_lib.resolve(weights, variant=variant, image_shape=input_shape,
+                                         include_top=include_top, classes=classes)
+    _validate(include_top=include_top, pooling=pooling, classes=classes, classifier=classifier,
+              position_embedding=position_embedding, classifier_activation=classifier_activation,
+              weights_source=weights_source)
+    stride = variants.total_stride(config)
+    image, image_shape = _image_input(input_tensor, input_shape, stride, pretrained=weights_source is not None)
+    outputs = _forward(image, config, include_top=include_top, pooling=pooling, classes=classes,
+                       classifier_activation=classifier_activation, include_preprocessing=include_preprocessing,
+                       classifier=classifier, representation_size=representation_size,
+                       position_embedding=position_embedding, dropout_rate=dropout_rate,
+                       attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate,
+                       grid_size=(image_shape[0] // stride, image_shape[1] // stride))
+    inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
+    model = keras.Model(inputs, outputs, name=name)
+    if weights_source is not None:
+        weights_lib.load(model, weights_source, representation_size=representation_size)
+    return model
+
+
+def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, classifier_activation,
+             include_preprocessing, classifier, representation_size, position_embedding, dropout_rate,
+             attention_dropout_rate, drop_path_rate, grid_size):
+    """The ViT forward pass on a symbolic image tensor, in paper order."""
+    x = image
+    if include_preprocessing:
+        # Original models take [-1, 1]: x / 127.5 - 1.
+        x = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="preprocessing")(x)
+    if config.get("resnet_stages"):
+        x = resnet.resnet_stem(x, config["resnet_stages"])
+    x = vit_layers.PatchEncoder(config["hidden_dim"], config["patch_size"], name="embedding")(x)
+    prefix = 1 if classifier == "token" else 0
+    if prefix:
+        x = vit_layers.ClassToken(name="cls")(x)
+    x = vit_layers.PositionEmbedding(grid_size, prefix, position_embedding, name="posembed_input")(x)
+    x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
+    num_layers = config["num_layers"]
+    for i in range(num_layers):
+        rate = drop_path_rate * i / max(num_layers - 1, 1)
+        x = vit_layers.TransformerBlock(config["num_heads"], config["mlp_dim"], dropout_rate,
+                                        attention_dropout_rate, rate, name=f"encoderblock_{i}")(x)
+    x = keras.layers.LayerNormalization(epsilon=vit_layers.LAYER_NORM_EPSILON, name="encoder_norm")(x)
+    if not include_top and pooling is None:
+        return x
+    x = vit_layers.TokenPooling("token" if include_top and prefix else pooling or "avg", name="pool")(x)
+    if representation_size:
+        x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
+    if not include_top:
+        return x
+    x = keras.layers.Dense(classes, kernel_initializer="zeros", name="head", dtype="float32")(x)
+    if classifier_activation is not None:
+        x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
+    return x
+
+
+class _AttentionProbe(keras.layers.Layer):
+    """Calls a TransformerBlock (sharing its weights) and returns (tokens, attention scores).
+
+    A separate layer because Keras checks a functional graph against each layer's first
+    call: re-calling the block itself with a second output would fail that check.
+    """
+
+    def __init__(self, block: vit_layers.TransformerBlock, **kwargs):
+        super().__init__(name=f"{block.name}_attention", dtype=block.dtype_policy, **kwargs)
+        self.block = block
+
+    def call(self, x, training=None):
+        return self.block(x, training=training, return_attention_scores=True)
+
+
+def attention_model(model: keras.Model) -> keras.Model:
+    """The same model (same weights, no copies) with per-layer attention outputs.
+
+    Returns a model whose outputs are `{"output": <model's output>, "attention": [scores of
+    encoderblock_0, ...]}`, each score (batch, heads, tokens, tokens). The original model
+    is untouched and keeps its fused-attention path.
+    """
+    scores = []
+
+    def call_function(layer, *args, **kwargs):
+        if isinstance(layer, vit_layers.TransformerBlock):
+            outputs, attention = _AttentionProbe(layer)(*args, **kwargs)
+            scores.append(attention)
+            return outputs
+        return layer(*args, **kwargs)
+
+    clone = keras.models.clone_model(model, clone_function=lambda layer: layer, call_function=call_function)
+    if not scores:
+        raise ValueError(f"Model {model.name!r} has no TransformerBlock layers.")
+    return keras.Model(clone.input, {"output": clone.output, "attention": scores},
+                       name=f"{model.name}_attention")
+
+
+def _make_builder(builder_name: str, variant: str) -> Callable[..., keras.Model]:
+    """A thin public builder (`ViTB16`, ...) for one row of the variant table."""
+    model_name = "vit_" + variant.lower().replace("+", "_").replace("/", "")
+
+    def builder(include_top: bool = True, weights: str | None = "imagenet", input_tensor=None,
+                input_shape: Sequence[int | None] | None = None, pooling: str | None = None,
+                classes: int = 1000, classifier_activation: str | Callable | None = "softmax",
+                include_preprocessing: bool = True, classifier: str = "token",
+                representation_size: int | None = None, position_embedding: str = "learned",
+                dropout_rate: float = 0.0, attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
+                name: str = model_name) -> keras.Model:
+        return VisionTransformer(
+            variant, include_top=include_top, weights=weights, input_tensor=input_tensor,
+            input_shape=input_shape, pooling=pooling, classes=classes, classifier_activation=classifier_activation,
+            include_preprocessing=include_preprocessing, classifier=classifier,
+            representation_size=representation_size, position_embedding=position_embedding,
+            dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
+            drop_path_rate=drop_path_rate, name=name)
+
+    config = variants.VARIANTS[variant]
+    paper_name = variant.replace("+", "+ViT-") if "+" in variant else f"ViT-{variant}"
+    builder.__name__ = builder.__qualname__ = builder_name
+    builder.variant = variant
+    builder.__doc__ = BASE_DOCSTRING.format(paper_name=paper_name, variant=variant,
+                                            stride=variants.total_stride(config),
+                                            hidden_dim=config["hidden_dim"], model_name=model_name)
+    return builder
+
+
+ViTTi16 = _make_builder("ViTTi16", "Ti/16")
+ViTS16 = _make_builder("ViTS16", "S/16")
+ViTS32 = _make_builder("ViTS32", "S/32")
+ViTB8 = _make_builder("ViTB8", "B/8")
+ViTB16 = _make_builder("ViTB16", "B/16")
+ViTB32 = _make_builder("ViTB32", "B/32")
+ViTL16 = _make_builder("ViTL16", "L/16")
+ViTL32 = _make_builder("ViTL32", "L/32")
+ViTH14 = _make_builder("ViTH14", "H/14")
+R50ViTB16 = _make_builder("R50ViTB16", "R50+B/16")
+R26ViTS32 = _make_builder("R26ViTS32", "R26+S/32")
+R50ViTL32 = _make_builder("R50ViTL32", "R50+L/32")
+
+BUILDERS: dict[str, Callable[..., keras.Model]] = {
+    builder.__name__: builder
+    for builder in (ViTTi16, ViTS16, ViTS32, ViTB8, ViTB16, ViTB32, ViTL16, ViTL32, ViTH14, R50ViTB16,
+                    R26ViTS32, R50ViTL32)
+}
