@@ -423,6 +423,16 @@ class TransformerBlock(keras.layers.Layer):
         x = x + self.drop_path(self.mlp(self.norm_mlp(x), training=training), training=training)
         return (x, scores) if return_attention_scores else x
 
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def compute_output_spec(self, x, training=None, return_attention_scores=False):
+        output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        scores_shape = (x.shape[0], self.num_heads, x.shape[1], x.shape[1])
+        return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
+
     def get_config(self):
         config = super().get_config()
         config.update({

@@ -1,0 +1,277 @@
+"""Per-layer tests: build, eager and symbolic calls, config round trips, a training step,
+and numerics against NumPy references written from the paper's equations."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import layers as vit_layers
+from tests.testing import randomize, run_layer_test, run_serialization_test
+
+# --- NumPy references (float64), REFERENCE.md section 2 ---
+
+
+def np_layer_norm(x, gamma, beta, eps=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def np_gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def np_attention(x, w):
+    """Multi-head self-attention from (D, H, hd) / (H, hd, D) kernels; returns output, weights."""
+    q = np.einsum("btd,dhk->bthk", x, w["query/kernel"]) + w["query/bias"]
+    k = np.einsum("btd,dhk->bthk", x, w["key/kernel"]) + w["key/bias"]
+    v = np.einsum("btd,dhk->bthk", x, w["value/kernel"]) + w["value/bias"]
+    weights = np_softmax(np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1]))
+    out = np.einsum("bhqs,bshk->bqhk", weights, v)
+    return np.einsum("bqhk,hkd->bqd", out, w["attention_output/kernel"]) + w["attention_output/bias"], weights
+
+
+def np_encoder_block(x, w):
+    """x + MHA(LN(x)), then + MLP(LN(.)), with GELU in its tanh form."""
+    y = np_layer_norm(x, w["LayerNorm_0/gamma"], w["LayerNorm_0/beta"])
+    attn_w = {k.split("MultiHeadDotProductAttention_1/")[1]: v for k, v in w.items() if "MultiHead" in k}
+    attended, scores = np_attention(y, attn_w)
+    x = x + attended
+    y = np_layer_norm(x, w["LayerNorm_2/gamma"], w["LayerNorm_2/beta"])
+    y = np_gelu_tanh(y @ w["MlpBlock_3/Dense_0/kernel"] + w["MlpBlock_3/Dense_0/bias"])
+    return x + y @ w["MlpBlock_3/Dense_1/kernel"] + w["MlpBlock_3/Dense_1/bias"], scores
+
+
+def weights_by_path(layer):
+    prefix = layer.name + "/"
+    return {w.path[len(prefix):]: np.asarray(w, dtype="float64") for w in layer.weights}
+
+
+# --- Patches and patch embedding ---
+
+
+def test_patches_layer():
+    layer = keras_vit.Patches(4)
+    out = run_layer_test(layer, (2, 8, 12, 3), (2, 6, 48), train=False)
+    x = np.random.default_rng(0).normal(size=(2, 8, 12, 3)).astype("float32")
+    # Patch (row 1, column 2) is rows 4:8, columns 8:12, flattened (row, column, channel).
+    np.testing.assert_array_equal(np.asarray(layer(x))[:, 1 * 3 + 2], x[:, 4:8, 8:12].reshape(2, -1))
+    assert out.shape == (2, 6, 48)
+
+
+def test_patches_rectangular_patch():
+    layer = keras_vit.Patches((2, 4))
+    x = np.arange(2 * 4 * 8 * 1, dtype="float32").reshape(2, 4, 8, 1)
+    out = np.asarray(layer(x))
+    assert out.shape == (2, 4, 8)
+    np.testing.assert_array_equal(out[0, 3], x[0, 2:4, 4:8].reshape(-1))
+
+
+def test_patch_encoder_equals_strided_convolution():
+    layer = keras_vit.PatchEncoder(hidden_dim=16, patch_size=4)
+    out = run_layer_test(layer, (2, 8, 12, 3), (2, 6, 16))
+    conv = keras.layers.Conv2D(16, 4, strides=4, padding="valid")
+    x = np.random.default_rng(0).normal(size=(2, 8, 12, 3)).astype("float32")
+    conv.build(x.shape)
+    conv.set_weights(layer.get_weights())  # Same (4, 4, 3, 16) kernel layout as the checkpoints.
+    np.testing.assert_allclose(np.asarray(layer(x)), np.asarray(conv(x)).reshape(2, 6, 16), atol=1e-5)
+    # And it is the linear map of the flattened patches.
+    patches = np.asarray(keras_vit.Patches(4)(x))
+    kernel, bias = layer.get_weights()
+    np.testing.assert_allclose(np.asarray(layer(x)), patches @ kernel.reshape(-1, 16) + bias, atol=1e-5)
+    assert out.shape == (2, 6, 16)
+
+
+@pytest.mark.parametrize("layer_cls", [keras_vit.Patches, lambda p: keras_vit.PatchEncoder(8, p)])
+def test_patch_size_must_divide_input(layer_cls):
+    with pytest.raises(ValueError, match=r"Image width 10 is not divisible by the patch size 4"):
+        layer_cls(4)(np.zeros((1, 8, 10, 3), "float32"))
+
+
+def test_patch_size_must_be_positive():
+    with pytest.raises(ValueError, match=r"patch_size=0"):
+        keras_vit.Patches(0)
+
+
+# --- Tokens and position embeddings ---
+
+
+def test_class_token():
+    layer = keras_vit.ClassToken()
+    out = run_layer_test(layer, (2, 5, 8), (2, 6, 8))
+    np.testing.assert_array_equal(out[:, 0], 0.0)  # Zeros at init, as the original.
+    layer.cls.assign(np.arange(8, dtype="float32").reshape(1, 1, 8))
+    x = np.ones((3, 5, 8), "float32")
+    out = np.asarray(layer(x))
+    np.testing.assert_array_equal(out[:, 0], np.broadcast_to(np.arange(8), (3, 8)))
+    np.testing.assert_array_equal(out[:, 1:], x)
+
+
+@pytest.mark.parametrize("kind", ["learned", "learned_2d", "sincos_2d", "none"])
+def test_position_embedding_kinds(kind):
+    layer = keras_vit.PositionEmbedding(grid_size=(2, 3), num_prefix_tokens=1, kind=kind)
+    run_layer_test(layer, (2, 7, 8), (2, 7, 8), train=kind in ("learned", "learned_2d"))
+    x = np.random.default_rng(1).normal(size=(2, 7, 8)).astype("float32")
+    table = layer.embedding()
+    expected = x if table is None else x + np.asarray(table)
+    np.testing.assert_allclose(np.asarray(layer(x)), expected, atol=1e-6)
+
+
+def test_learned_position_embedding_has_class_token_row():
+    layer = keras_vit.PositionEmbedding(grid_size=(14, 14), name="posembed_input")
+    layer.build((None, 197, 768))
+    assert [(w.path, tuple(w.shape)) for w in layer.weights] == [
+        ("posembed_input/pos_embedding", (1, 197, 768))]
+
+
+def test_learned_2d_position_embedding_is_row_and_column_concatenation():
+    layer = keras_vit.PositionEmbedding(grid_size=(2, 3), num_prefix_tokens=1, kind="learned_2d")
+    layer.build((None, 7, 8))
+    table = np.asarray(layer.embedding())[0]
+    rows, columns = np.asarray(layer.row_embedding), np.asarray(layer.column_embedding)
+    np.testing.assert_array_equal(table[0], np.asarray(layer.prefix_embedding)[0])
+    np.testing.assert_array_equal(table[1 + 1 * 3 + 2], np.concatenate([rows[1], columns[2]]))
+
+
+def test_sincos_2d_position_embedding_formula():
+    table = vit_layers.sincos_2d_position_embedding((3, 4), 16)
+    omega = 1.0 / 10_000 ** (np.arange(4) / 3)
+    row, column = 2, 1  # Token 2 * 4 + 1.
+    expected = np.concatenate([np.sin(column * omega), np.cos(column * omega),
+                               np.sin(row * omega), np.cos(row * omega)])
+    np.testing.assert_allclose(table[2 * 4 + 1], expected, rtol=1e-6)
+    layer = keras_vit.PositionEmbedding(grid_size=(3, 4), num_prefix_tokens=1, kind="sincos_2d")
+    x = np.zeros((1, 13, 16), "float32")
+    out = np.asarray(layer(x))[0]
+    np.testing.assert_array_equal(out[0], 0.0)  # No embedding on the class token.
+    np.testing.assert_allclose(out[1:], table, rtol=1e-6)
+    assert not layer.weights
+
+
+def test_position_embedding_errors():
+    with pytest.raises(ValueError, match=r"Unknown position embedding 'fourier'"):
+        keras_vit.PositionEmbedding((2, 2), kind="fourier")
+    with pytest.raises(ValueError, match=r"expects 5 tokens .* Received shape: \(None, 6, 8\)"):
+        keras_vit.PositionEmbedding((2, 2)).build((None, 6, 8))
+    with pytest.raises(ValueError, match=r"divisible by 4. Received: 6"):
+        keras_vit.PositionEmbedding((2, 2), kind="sincos_2d").build((None, 5, 6))
+
+
+# --- Encoder block ---
+
+
+def test_transformer_block_layer():
+    layer = keras_vit.TransformerBlock(num_heads=2, mlp_dim=16, dropout_rate=0.1,
+                                       attention_dropout_rate=0.1, drop_path_rate=0.1, name="encoderblock_3")
+    run_layer_test(layer, (2, 5, 8), (2, 5, 8))
+    names = sorted(w.path for w in layer.weights)
+    assert "encoderblock_3/MultiHeadDotProductAttention_1/query/kernel" in names
+    assert "encoderblock_3/MlpBlock_3/Dense_1/kernel" in names
+
+
+def test_transformer_block_matches_numpy_reference():
+    layer = keras_vit.TransformerBlock(num_heads=3, mlp_dim=40, name="encoderblock_0")
+    x = np.random.default_rng(2).normal(size=(2, 7, 24)).astype("float32")
+    layer(x)
+    randomize(layer, seed=3)
+    expected, expected_scores = np_encoder_block(x.astype("float64"), weights_by_path(layer))
+    np.testing.assert_allclose(np.asarray(layer(x)), expected, atol=1e-5)
+    out, scores = layer(x, return_attention_scores=True)
+    np.testing.assert_allclose(np.asarray(out), expected, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(scores), expected_scores, atol=1e-6)
+
+
+def test_transformer_block_uses_tanh_gelu_and_epsilon_1e6():
+    layer = keras_vit.TransformerBlock(num_heads=1, mlp_dim=4)
+    layer.build((None, 3, 4))
+    assert layer.norm_attention.epsilon == layer.norm_mlp.epsilon == 1e-6
+    mlp = keras_vit.MlpBlock(mlp_dim=6)
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype("float32") * 3
+    mlp(x)
+    w0, b0, w1, b1 = [np.asarray(w, "float64") for w in mlp.weights]
+    np.testing.assert_allclose(np.asarray(mlp(x)), np_gelu_tanh(x @ w0 + b0) @ w1 + b1, atol=1e-5)
+
+
+def test_transformer_block_dropout_only_in_training():
+    layer = keras_vit.TransformerBlock(num_heads=2, mlp_dim=16, dropout_rate=0.5, drop_path_rate=0.5)
+    x = np.random.default_rng(0).normal(size=(4, 5, 8)).astype("float32")
+    np.testing.assert_array_equal(np.asarray(layer(x)), np.asarray(layer(x, training=False)))
+    assert not np.allclose(np.asarray(layer(x, training=True)), np.asarray(layer(x)))
+
+
+def test_transformer_block_heads_must_divide_width():
+    with pytest.raises(ValueError, match=r"Hidden size 10 is not divisible by num_heads=3"):
+        keras_vit.TransformerBlock(num_heads=3, mlp_dim=8)(np.zeros((1, 2, 10), "float32"))
+
+
+def test_stochastic_depth_drops_whole_examples():
+    layer = keras_vit.StochasticDepth(0.5, seed=1)
+    run_layer_test(layer, (2, 3, 4), (2, 3, 4), train=False)
+    x = np.ones((256, 3, 4), "float32")
+    np.testing.assert_array_equal(np.asarray(layer(x)), x)
+    out = np.asarray(layer(x, training=True))
+    per_example = out.reshape(256, -1)
+    assert set(np.unique(per_example)) <= {0.0, 2.0}
+    assert (per_example == per_example[:, :1]).all()  # All or nothing per example.
+    assert 0.3 < (per_example[:, 0] == 0).mean() < 0.7
+    with pytest.raises(ValueError, match=r"rate=1.0"):
+        keras_vit.StochasticDepth(1.0)
+
+
+@pytest.mark.parametrize("method", ["token", "avg"])
+def test_token_pooling(method):
+    layer = keras_vit.TokenPooling(method)
+    out = run_layer_test(layer, (2, 5, 8), (2, 8), train=False)
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    expected = x[:, 0] if method == "token" else x.mean(1)
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    with pytest.raises(ValueError, match=r"Unknown pooling 'max'"):
+        keras_vit.TokenPooling("max")
+
+
+# --- Hybrid stem ---
+
+
+def test_std_conv_standardizes_kernel():
+    layer = keras_vit.StdConv2D(6, 3, padding="same", use_bias=False)
+    run_layer_test(layer, (2, 8, 8, 4), (2, 8, 8, 6))
+    x = np.random.default_rng(0).normal(size=(2, 8, 8, 4)).astype("float32")
+    kernel = np.asarray(layer.kernel, "float64") * 5 + 3
+    layer.kernel.assign(kernel.astype("float32"))
+    mean = kernel.mean(axis=(0, 1, 2), keepdims=True)
+    standardized = (kernel - mean) / (kernel.std(axis=(0, 1, 2), keepdims=True) + 1e-5)
+    plain = keras.layers.Conv2D(6, 3, padding="same", use_bias=False)
+    plain.build(x.shape)
+    plain.set_weights([standardized.astype("float32")])
+    np.testing.assert_allclose(np.asarray(layer(x)), np.asarray(plain(x)), atol=1e-4)
+
+
+def test_bottleneck_unit():
+    layer = keras_vit.BottleneckUnit(filters=32, strides=2)
+    run_layer_test(layer, (2, 8, 8, 64), (2, 4, 4, 128))
+    paths = {w.path.split("/", 1)[1] for w in layer.weights}
+    assert {"conv1/kernel", "gn1/gamma", "conv2/kernel", "conv3/kernel", "gn3/beta", "conv_proj/kernel",
+            "gn_proj/gamma"} <= paths
+    identity = keras_vit.BottleneckUnit(filters=32, strides=1)
+    identity.build((None, 4, 4, 128))
+    assert not identity.needs_projection  # Same shape: the shortcut is the input itself.
+    groups = [layer.gn1, layer.gn2, layer.gn3, layer.gn_proj]
+    assert all(g.groups == 32 and g.epsilon == 1e-6 for g in groups)
+
+
+def test_every_public_layer_round_trips_its_config():
+    public = [keras_vit.Patches((2, 4)), keras_vit.PatchEncoder(8, 2, kernel_initializer="zeros"),
+              keras_vit.ClassToken(), keras_vit.PositionEmbedding((3, 2), 0, "sincos_2d"),
+              keras_vit.StochasticDepth(0.2, seed=3), keras_vit.MlpBlock(12, 0.1),
+              keras_vit.TransformerBlock(2, 8, 0.1, 0.2, 0.3, 1e-5), keras_vit.TokenPooling("avg"),
+              keras_vit.StdConv2D(4, 3, strides=2), keras_vit.BottleneckUnit(8, 2)]
+    for layer in public:
+        clone = run_serialization_test(layer)
+        own = {k: v for k, v in layer.get_config().items() if k not in ("name", "dtype", "trainable")}
+        assert {k: clone.get_config()[k] for k in own} == own
