@@ -242,14 +242,21 @@ def plot_rollout(image: np.ndarray, heatmap: np.ndarray, path: str) -> str:
         axis.set_title(title)
         axis.axis("off")
     scaled = heatmap / max(heatmap.max(), 1e-12)
-    right.imshow(scaled, cmap="inferno", alpha=0.6, extent=(0, width, height, 0), interpolation="bilinear")
+    # imshow puts pixel centres on integers, so the image spans [-0.5, size - 0.5].
+    right.imshow(scaled, cmap="inferno", alpha=0.6, extent=(-0.5, width - 0.5, height - 0.5, -0.5),
+                 interpolation="bilinear")
     return _save(figure, path)
 
 
-def plot_mean_distance(distances: np.ndarray, path: str) -> str:
-    """Saves the mean attention distance scatter, one dot per head (paper Fig. 7 right)."""
+def plot_mean_distance(distances: np.ndarray, path: str, uniform: float | None = None) -> str:
+    """Saves the mean attention distance scatter, one dot per head (paper Fig. 7 right).
+
+    `uniform`, if given, is drawn as a dashed line: the distance of uniform attention.
+    """
     figure, axis = plt.subplots(figsize=(5, 4))
     layers = np.arange(1, distances.shape[0] + 1)
+    if uniform is not None:
+        axis.axhline(uniform, color="gray", linestyle="--", linewidth=1, label="uniform attention")
     for head in range(distances.shape[1]):
         axis.scatter(layers, distances[:, head], s=18, label=f"head {head + 1}")
     axis.set_xlabel("network depth (layer)")
@@ -335,7 +342,9 @@ def write_figures(model: keras.Model, images: np.ndarray, out_dir: str, filters:
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, name) for name in FIGURES]
     plot_rollout(images[0], attention_rollout(model, images[:1])[0], paths[0])
-    plot_mean_distance(mean_attention_distance(model, images), paths[1])
+    grid_size, _, stride = token_layout(model)
+    plot_mean_distance(mean_attention_distance(model, images), paths[1],
+                       uniform=patch_distances(grid_size, stride).mean())
     plot_position_similarity(position_embedding_similarity(model), paths[2])
     channels = _find_layer(model, vit_layers.PatchEncoder).kernel.shape[2]
     if channels in FILTER_CHANNELS:
