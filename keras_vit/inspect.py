@@ -25,15 +25,12 @@ import os
 from typing import Iterator, Sequence
 
 import keras
-import matplotlib
 import numpy as np
+from matplotlib.figure import Figure
 from PIL import Image
 
 from keras_vit import layers as vit_layers
 from keras_vit import models as vit_models
-
-matplotlib.use("Agg")
-from matplotlib import pyplot as plt  # noqa: E402
 
 FILTER_CHANNELS = (1, 3)
 FIGURES = ("attention_rollout.png", "mean_attention_distance.png", "position_embedding_similarity.png",
@@ -221,9 +218,9 @@ def embedding_filters(model: keras.Model, n: int = 28) -> np.ndarray:
 
 # === Plots ===
 
-def _save(figure, path: str) -> str:
+def _save(figure: Figure, path: str) -> str:
+    # Figure without pyplot renders with Agg and leaves the user's matplotlib backend alone.
     figure.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(figure)
     return path
 
 
@@ -236,7 +233,8 @@ def _display(image: np.ndarray) -> np.ndarray:
 def plot_rollout(image: np.ndarray, heatmap: np.ndarray, path: str) -> str:
     """Saves the image and the rollout map overlaid on it, side by side (paper Fig. 6)."""
     height, width = image.shape[:2]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(8, 4 * height / width + 0.6))
+    figure = Figure(figsize=(8, 4 * height / width + 0.6))
+    left, right = figure.subplots(1, 2)
     for axis, title in ((left, "input"), (right, "attention rollout")):
         axis.imshow(_display(image), cmap="gray")
         axis.set_title(title)
@@ -253,7 +251,8 @@ def plot_mean_distance(distances: np.ndarray, path: str, uniform: float | None =
 
     `uniform`, if given, is drawn as a dashed line: the distance of uniform attention.
     """
-    figure, axis = plt.subplots(figsize=(5, 4))
+    figure = Figure(figsize=(5, 4))
+    axis = figure.subplots()
     layers = np.arange(1, distances.shape[0] + 1)
     if uniform is not None:
         axis.axhline(uniform, color="gray", linestyle="--", linewidth=1, label="uniform attention")
@@ -283,7 +282,8 @@ def plot_position_similarity(similarity: np.ndarray, path: str) -> str:
     """Saves the grid of cosine-similarity grids (paper Fig. 7 centre)."""
     rows, columns = similarity.shape[:2]
     mosaic = _mosaic(similarity.reshape(rows * columns, rows, columns), columns)
-    figure, axis = plt.subplots(figsize=(6, 6 * rows / columns + 0.5))
+    figure = Figure(figsize=(6, 6 * rows / columns + 0.5))
+    axis = figure.subplots()
     shown = axis.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
     axis.set_title("position embedding similarity")
     axis.set_xlabel("input patch column")
@@ -297,13 +297,15 @@ def plot_position_similarity(similarity: np.ndarray, path: str) -> str:
 def plot_filters(tiles: np.ndarray | None, path: str, columns: int = 7, note: str = "") -> str:
     """Saves the principal-component filter tiles (paper Fig. 7 left), or `note` if `tiles` is None."""
     if tiles is None:
-        figure, axis = plt.subplots(figsize=(6, 2))
+        figure = Figure(figsize=(6, 2))
+        axis = figure.subplots()
         axis.text(0.5, 0.5, note, ha="center", va="center", wrap=True)
         axis.axis("off")
         return _save(figure, path)
     mosaic = _mosaic(tiles, min(columns, len(tiles)))
     mosaic = np.where(np.isnan(mosaic), 1.0, mosaic)
-    figure, axis = plt.subplots(figsize=(6, 6 * mosaic.shape[0] / mosaic.shape[1] + 0.5))
+    figure = Figure(figsize=(6, 6 * mosaic.shape[0] / mosaic.shape[1] + 0.5))
+    axis = figure.subplots()
     axis.imshow(mosaic[..., 0] if mosaic.shape[-1] == 1 else mosaic, cmap="gray", interpolation="nearest")
     axis.set_title(f"embedding filters (first {len(tiles)} principal components)")
     axis.axis("off")
