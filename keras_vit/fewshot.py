@@ -1,0 +1,78 @@
+"""Linear few-shot evaluation of frozen features (arXiv:2010.11929, Sec. 4, Fig. 4).
+
+The paper's few-shot accuracies fit a linear map from frozen pre-logit features of k
+examples per class onto {-1, 1}^K targets by regularized least squares, in closed form,
+and report the accuracy of its argmax on a test split. The command line is
+`python -m training.fewshot`.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+FEATURE_LAYERS = ("pre_logits", "pool")
+
+
+def feature_extractor(model: keras.Model) -> keras.Model:
+    """A model (sharing `model`'s weights) that returns its pre-logit features.
+
+    That is the output of the `pre_logits` layer if the model has one, else of its pooling
+    layer `pool`: the features `include_top=False` with pooling would give.
+    """
+    names = {layer.name for layer in model.layers}
+    for name in FEATURE_LAYERS:
+        if name in names:
+            return keras.Model(model.inputs, model.get_layer(name).output, name=f"{model.name}_features")
+    raise ValueError(f"Model {model.name!r} has none of the layers {FEATURE_LAYERS} to take features from.")
+
+
+def sample_few_shot(labels: np.ndarray, shots: int, seed: int = 0) -> np.ndarray:
+    """Indices of `shots` randomly chosen examples of every class in `labels`."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        if len(members) < shots:
+            raise ValueError(f"Class {label} has {len(members)} examples; expected at least shots={shots}.")
+        chosen.append(rng.choice(members, shots, replace=False))
+    return np.concatenate(chosen)
+
+
+def fit_least_squares(features: np.ndarray, labels: np.ndarray, num_classes: int,
+                      l2_reg: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Closed-form ridge regression of features onto {-1, 1}^K one-vs-rest targets.
+
+    Solves `W = (X^T X + l2_reg I)^-1 X^T Y` on centred features X, with an unregularized
+    bias. Returns `(W, b)`, shapes (D, K) and (K,); predict with `argmax(x @ W + b)`.
+    """
+    features = np.asarray(features, dtype="float64")
+    if features.ndim != 2 or len(features) != len(labels):
+        raise ValueError(f"Expected features (examples, dims) with one row per label. Received features "
+                         f"{features.shape} and {len(labels)} labels.")
+    targets = 2.0 * np.eye(num_classes)[np.asarray(labels)] - 1.0
+    mean = features.mean(axis=0)
+    centred = features - mean
+    gram = centred.T @ centred + l2_reg * np.eye(features.shape[1])
+    weights = np.linalg.solve(gram, centred.T @ targets)
+    return weights, targets.mean(axis=0) - mean @ weights
+
+
+def few_shot_accuracy(train_features: np.ndarray, train_labels: np.ndarray, test_features: np.ndarray,
+                      test_labels: np.ndarray, shots: int, l2_reg: float = 1.0, seed: int = 0) -> float:
+    """Test accuracy of a least-squares linear classifier fit on `shots` examples per class.
+
+    Args:
+        train_features, train_labels: pool to draw the k-shot training set from.
+        test_features, test_labels: evaluation split.
+        shots: int. Examples per class (k).
+        l2_reg: float. Ridge penalty. Defaults to `1.0`.
+        seed: int. Seed of the k-shot draw. Defaults to `0`.
+    """
+    train_labels, test_labels = np.asarray(train_labels), np.asarray(test_labels)
+    chosen = sample_few_shot(train_labels, shots, seed)
+    num_classes = int(max(train_labels.max(), test_labels.max())) + 1
+    weights, bias = fit_least_squares(np.asarray(train_features)[chosen], train_labels[chosen], num_classes, l2_reg)
+    predictions = np.argmax(np.asarray(test_features, dtype="float64") @ weights + bias, axis=1)
+    return float(np.mean(predictions == test_labels))
