@@ -66,11 +66,23 @@ def convert(model: keras.Model, path: str | os.PathLike, mode: str,
     return Path(path)
 
 
+def _ops(path: str | os.PathLike) -> list[tuple[str, list[str]]]:
+    """(op name, input dtype names) of every op in a `.tflite` file."""
+    interpreter = Interpreter(model_path=str(path))
+    dtypes = {tensor["index"]: tensor["dtype"].__name__ for tensor in interpreter.get_tensor_details()}
+    # `_get_ops_details` is the interpreter's only op listing.
+    return [(op["op_name"], [dtypes[i] for i in op["inputs"] if i >= 0]) for op in interpreter._get_ops_details()]
+
+
 def non_builtin_ops(path: str | os.PathLike) -> list[str]:
     """Ops of a `.tflite` file that are not TFLite built-ins (Flex / custom ops)."""
-    interpreter = Interpreter(model_path=str(path))
-    names = {op["op_name"] for op in interpreter._get_ops_details()}  # The only public-ish op listing.
-    return sorted(name for name in names if name.startswith("Flex") or name == "CUSTOM")
+    return sorted({name for name, _ in _ops(path) if name.startswith("Flex") or name == "CUSTOM"})
+
+
+def float_ops(path: str | os.PathLike) -> list[str]:
+    """Compute ops that take float32 tensors (besides the (de)quantize ops at their edges)."""
+    return sorted({name for name, inputs in _ops(path)
+                   if "float32" in inputs and name not in ("QUANTIZE", "DEQUANTIZE")})
 
 
 class LiteRTClassifier:
@@ -123,7 +135,9 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
         "mean_abs_diff": float(np.abs(outputs - reference).mean()),
         "top1_agreement": float(np.mean(outputs.argmax(-1) == reference.argmax(-1))),
         "images": len(images),
+        "reference_classes_predicted": int(len(np.unique(reference.argmax(-1)))),
         "non_builtin_ops": non_builtin_ops(path),
+        "float_ops": float_ops(path),
     }
     result["passed"] = _passed(result)
     return result
@@ -198,6 +212,12 @@ def markdown_report(report: dict[str, Any]) -> str:
         check = _check_text(r)
         lines.append(f"| {r['mode']} | {r['size_bytes'] / 1024:.1f} | {r['latency_ms_median']:.3f} | "
                      f"{r['max_abs_diff']:.2e} | {100 * r['top1_agreement']:.1f}% | {check} |")
+    lines.append("")
+    first = report["modes"][0]
+    lines.append(f"The Keras model predicts {first['reference_classes_predicted']} distinct classes on these images.")
+    for r in report["modes"]:
+        if r["mode"] == "int8" and r["float_ops"]:
+            lines.append(f"Full int8 keeps these built-in ops in float32: {', '.join(r['float_ops'])}.")
     return "\n".join(lines) + "\n"
 
 
