@@ -20,7 +20,7 @@ setup(
     description="Vision Transformer (ViT) models, layers and pretrained weights for Keras 3",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["keras_vit", "keras_vit.*"]),
+    packages=find_packages(include=["keras_vit", "keras_vit.*", "export", "export.*"]),
     package_data={"keras_vit": ["data/*"]},
     python_requires=">=3.10",
     install_requires=["keras==3.15.1", "tensorflow==2.21.0", "numpy>=1.26", "pillow>=10"],

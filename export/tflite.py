@@ -166,7 +166,7 @@ def split_images(images: np.ndarray, calibration_count: int, evaluation_count: i
 
 def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.ndarray | None = None,
                   dataset: str | os.PathLike = "digits", modes: Sequence[str] = MODES,
-                  calibration_count: int = 100, evaluation_count: int = 200) -> dict[str, Any]:
+                  calibration_count: int = 200, evaluation_count: int = 400) -> dict[str, Any]:
     """Writes one `.tflite` file per mode and `report.json` / `report.md` into `out_dir`; returns the report.
 
     Args:
