@@ -13,15 +13,13 @@ from typing import Any, Sequence
 import keras
 import numpy as np
 
-from export import model_io
-from export.saved_model import export_saved_model
-from export.tflite import MODES, export_tflite, markdown_report
+ALL_MODES = ("float32", "float16", "dynamic_int8", "int8")
 
 
 def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os.PathLike, *,
                version: int | None = None, overwrite: bool = False, class_names: Sequence[str] | None = None,
                images: np.ndarray | None = None, dataset: str | os.PathLike = "digits",
-               modes: Sequence[str] = MODES) -> dict[str, Any]:
+               modes: Sequence[str] = ALL_MODES) -> dict[str, Any]:
     """Exports a classifier to `out_dir/saved_model/<version>/` and `out_dir/tflite/`.
 
     Args:
@@ -33,12 +31,15 @@ def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os
     Returns:
         `{"saved_model": <version dir>, "tflite": <TFLite report dict>, "tflite_markdown": <its table>}`.
     """
+    # Imported here so that `python -m export.saved_model` does not import its own module twice.
+    from export import model_io, saved_model, tflite
+
     model = model_io.load_model(model_or_path)
     out = Path(out_dir)
-    saved = export_saved_model(model, out / "saved_model", version=version, overwrite=overwrite,
+    saved = saved_model.export_saved_model(model, out / "saved_model", version=version, overwrite=overwrite,
                                class_names=class_names)
-    report = export_tflite(model, out / "tflite", images=images, dataset=dataset, modes=modes)
-    return {"saved_model": str(saved), "tflite": report, "tflite_markdown": markdown_report(report)}
+    report = tflite.export_tflite(model, out / "tflite", images=images, dataset=dataset, modes=modes)
+    return {"saved_model": str(saved), "tflite": report, "tflite_markdown": tflite.markdown_report(report)}
 
 
-__all__ = ["export_all", "export_saved_model", "export_tflite", "MODES"]
+__all__ = ["export_all", "ALL_MODES"]

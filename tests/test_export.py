@@ -239,8 +239,10 @@ def test_tflite_trained_model_meets_every_threshold(tmp_path):
     assert all(result["passed"] for result in results.values())
 
 
-def test_tflite_hybrid_builtin_only_and_float_thresholds(tmp_path):
-    report = tflite.export_tflite(tiny_model("hybrid"), tmp_path, dataset="photos", calibration_count=50,
-                                  evaluation_count=100)
-    results = check_tflite_report(report, tmp_path)
+def test_export_all_hybrid_builtin_only_and_float_thresholds(tmp_path):
+    report = export_all(tiny_model("hybrid"), tmp_path, dataset="photos")
+    assert report["saved_model"] == str(tmp_path / "saved_model" / "1")
+    assert saved_model.read_warmup_requests(report["saved_model"])
+    assert report["tflite_markdown"] == (tmp_path / "tflite" / "report.md").read_text()
+    results = check_tflite_report(report["tflite"], tmp_path / "tflite")
     assert 0.0 <= results["int8"]["top1_agreement"] <= 1.0  # Random weights: reported, not judged.
