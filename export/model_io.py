@@ -63,7 +63,7 @@ def logits_model(model: keras.Model) -> keras.Model:
         head = model.get_layer("head")
     except ValueError:
         raise ValueError(f"Expected a keras_vit classifier with a `head` layer (include_top=True). Model "
-                         f"{model.name!r} has layers {[layer.name for layer in model.layers][-4:]} at its end.")
+                         f"{model.name!r} has layers {[layer.name for layer in model.layers][-4:]} at its end.") from None
     last = model.layers[-1]
     if last is not head:
         activation = getattr(last, "activation", None)

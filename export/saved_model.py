@@ -128,8 +128,8 @@ def read_warmup_requests(saved_model_dir: str | os.PathLike) -> list[predict_pb2
             for record in tf.data.TFRecordDataset(str(path))]
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model-selection flags shared by the export CLIs."""
+def add_model_arguments(parser: argparse.ArgumentParser, *, class_names: bool = True) -> None:
+    """The model-selection flags shared by the export CLIs (and `--class-names` if `class_names`)."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="Path of a `.keras` model file.")
     source.add_argument("--variant", help='A variant to build, e.g. "B/16" (with --weights).')
@@ -137,19 +137,16 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                                           "(default: random weights).")
     parser.add_argument("--image-size", type=int, default=224, help="Input size for --variant (default 224).")
     parser.add_argument("--classes", type=int, default=1000, help="Classes for --variant (default 1000).")
-    parser.add_argument("--class-names", help="Text file with one class name per line, in class order.")
+    if class_names:
+        parser.add_argument("--class-names", help="Text file with one class name per line, in class order.")
 
 
-def model_from_arguments(args: argparse.Namespace) -> tuple[keras.Model, list[str] | None]:
-    """The model and the class names selected by `add_model_arguments` flags."""
+def model_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> keras.Model:
+    """The model selected by `add_model_arguments` flags."""
     if args.weights and not args.variant:
-        raise SystemExit("--weights needs --variant (a `.keras` model carries its own weights).")
-    model = model_io.load_model(args.model, variant=args.variant, weights=args.weights,
-                                input_shape=(args.image_size, args.image_size, 3), classes=args.classes)
-    class_names = None
-    if args.class_names:
-        class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines()
-    return model, class_names
+        parser.error("--weights needs --variant (a `.keras` model carries its own weights).")
+    return model_io.load_model(args.model, variant=args.variant, weights=args.weights,
+                               input_shape=(args.image_size, args.image_size, 3), classes=args.classes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,7 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="Replace an existing version.")
     parser.add_argument("--top-k", type=int, default=5, help="classes/scores returned per image (default 5).")
     args = parser.parse_args(argv)
-    model, class_names = model_from_arguments(args)
+    model = model_from_arguments(parser, args)
+    class_names = None
+    if args.class_names:
+        class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines()
     path = export_saved_model(model, args.out, version=args.version, overwrite=args.overwrite,
                               top_k=args.top_k, class_names=class_names)
     print(f"Wrote SavedModel {path} (signatures: serving_default, {serving.BYTES_SIGNATURE}).")

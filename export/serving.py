@@ -8,7 +8,7 @@ and `class_names` when the exporter was given names.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import keras
 import tensorflow as tf
@@ -69,10 +69,7 @@ def serving_archive(model: keras.Model, *, top_k: int = 5,
 
     archive = keras.export.ExportArchive()
     archive.track(pixel_logits)
-    _add(archive, "serving_default", serve_images, tf.TensorSpec((None, None, None, 3), tf.float32, IMAGES_KEY))
-    _add(archive, BYTES_SIGNATURE, serve_bytes, tf.TensorSpec((None,), tf.string, BYTES_KEY))
+    archive.add_endpoint("serving_default", serve_images,
+                         input_signature=[tf.TensorSpec((None, None, None, 3), tf.float32, IMAGES_KEY)])
+    archive.add_endpoint(BYTES_SIGNATURE, serve_bytes, input_signature=[tf.TensorSpec((None,), tf.string, BYTES_KEY)])
     return archive
-
-
-def _add(archive: keras.export.ExportArchive, name: str, fn: Callable, spec: tf.TensorSpec) -> None:
-    archive.add_endpoint(name, fn, input_signature=[spec])

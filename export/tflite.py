@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from export import saved_model  # The shared model-selection flags.
 
     parser = argparse.ArgumentParser(prog="python -m export.tflite", description=__doc__.split("\n")[0])
-    saved_model.add_model_arguments(parser)
+    saved_model.add_model_arguments(parser, class_names=False)
     parser.add_argument("--out", required=True, help="Output directory for .tflite files and the report.")
     images = parser.add_mutually_exclusive_group()
     images.add_argument("--images", help="Directory of real images for calibration and checks.")
@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="Embedded real images when no --images (default digits).")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     args = parser.parse_args(argv)
-    model, _ = saved_model.model_from_arguments(args)
+    model = saved_model.model_from_arguments(parser, args)
     report = export_tflite(model, args.out, dataset=args.images or args.dataset, modes=args.modes)
     print(markdown_report(report))
     return 0 if all(result["passed"] for result in report["modes"]) else 1

@@ -163,14 +163,20 @@ def test_warmup_requests_replay(exported):
         np.testing.assert_allclose(outputs["probabilities"].sum(-1), 1.0, atol=1e-5)
 
 
-def test_crash_mid_export_leaves_no_version(tmp_path, monkeypatch):
+def test_crash_mid_export_leaves_no_version_and_keeps_the_old_one(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise RuntimeError("simulated crash while writing")
 
     monkeypatch.setattr(saved_model, "write_warmup_requests", crash)
+    model = tiny_model("plain")
     with pytest.raises(RuntimeError, match="simulated crash"):
-        saved_model.export_saved_model(tiny_model("plain"), tmp_path, version=3)
+        saved_model.export_saved_model(model, tmp_path, version=3)
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / "marker").write_text("old")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        saved_model.export_saved_model(model, tmp_path, version=3, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["3"] and (tmp_path / "3" / "marker").exists()
 
 
 def test_cli_versions_never_overwrite_unless_asked(tmp_path):
