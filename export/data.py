@@ -1,0 +1,68 @@
+"""Real images for calibrating and checking TFLite models: a directory, or data shipped in scikit-learn.
+
+Every source returns float32 (count, height, width, 3) arrays of raw pixels in [0, 255] at the
+model's size, the input the exported models take.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+DATASETS = ("digits", "photos")
+
+
+def _to_model_size(images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(count, h, w, 1 or 3) pixels -> float32 (count, height, width, 3), bilinear and antialiased."""
+    images = tf.image.resize(tf.cast(images, tf.float32), size, method="bilinear", antialias=True)
+    if images.shape[-1] == 1:
+        images = tf.image.grayscale_to_rgb(images)
+    return tf.clip_by_value(images, 0.0, 255.0).numpy()
+
+
+def digits(size: tuple[int, int]) -> np.ndarray:
+    """The 1,797 8x8 handwritten digits of `sklearn.datasets.load_digits`, scaled from [0, 16] to [0, 255]."""
+    from sklearn.datasets import load_digits
+
+    images = load_digits().images[..., np.newaxis] * (255.0 / 16.0)
+    return _to_model_size(images, size)
+
+
+def photos(size: tuple[int, int], count: int = 300, seed: int = 0) -> np.ndarray:
+    """`count` random square crops (a quarter to all of the short side) of sklearn's two sample photos."""
+    from sklearn.datasets import load_sample_images
+
+    rng = np.random.default_rng(seed)
+    sources = load_sample_images().images
+    crops = []
+    for i in range(count):
+        photo = sources[i % len(sources)]
+        side = int(rng.integers(min(photo.shape[:2]) // 4, min(photo.shape[:2]) + 1))
+        top = int(rng.integers(0, photo.shape[0] - side + 1))
+        left = int(rng.integers(0, photo.shape[1] - side + 1))
+        crops.append(_to_model_size(photo[np.newaxis, top:top + side, left:left + side], size)[0])
+    return np.stack(crops)
+
+
+def directory(path: str | os.PathLike, size: tuple[int, int]) -> np.ndarray:
+    """Every image file (jpg, png, bmp, gif) in `path`, sorted by name, decoded as RGB."""
+    files = sorted(p for p in Path(path).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"Expected image files ({', '.join(IMAGE_SUFFIXES)}) in {path}. Found none.")
+    return np.stack([_to_model_size(tf.io.decode_image(p.read_bytes(), channels=3, expand_animations=False)[None],
+                                    size)[0] for p in files])
+
+
+def load(source: str | os.PathLike, size: tuple[int, int]) -> np.ndarray:
+    """Images from `source`: "digits", "photos", or a directory of image files."""
+    if source == "digits":
+        return digits(size)
+    if source == "photos":
+        return photos(size)
+    if os.path.isdir(source):
+        return directory(source, size)
+    raise ValueError(f"Unknown image source {source!r}. Expected one of {DATASETS} or a directory of images.")

@@ -1,0 +1,88 @@
+"""Loading a keras_vit classifier for export and taking it apart into what serving needs.
+
+Serving always takes raw pixels in [0, 255] and returns logits and probabilities, so the
+exporters work on a *pixel logits model*: the classifier up to its `head` layer (before any
+softmax), with the [0, 255] -> [-1, 1] rescaling prepended when the model does not carry it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import keras
+
+import keras_vit
+
+
+def load_model(model_or_path: keras.Model | str | os.PathLike | None = None, *, variant: str | None = None,
+               weights: str | None = None, input_shape: Sequence[int] | None = None,
+               classes: int = 1000) -> keras.Model:
+    """Returns a Keras model: the one given, a `.keras` file, or a variant built with `weights`.
+
+    Args:
+        model_or_path: a `keras.Model`, or the path of a `.keras` file.
+        variant: with no `model_or_path`, a variant name ("B/16", "R50+B/16", ...) to build.
+        weights: the variant's weights (`None` for random, or a path / registered name).
+        input_shape: the variant's input shape. Defaults to `(224, 224, 3)`.
+        classes: the variant's number of classes. Defaults to `1000`.
+    """
+    if isinstance(model_or_path, keras.Model):
+        return model_or_path
+    if model_or_path is not None:
+        path = os.fspath(model_or_path)
+        if not path.endswith(".keras") or not os.path.isfile(path):
+            raise ValueError(f"Expected an existing `.keras` model file. Received: {path!r}")
+        return keras.saving.load_model(path)
+    if variant is None:
+        raise ValueError("Give a model (or `.keras` path) or a `variant`. Received neither.")
+    return keras_vit.VisionTransformer(variant, weights=weights, input_shape=input_shape, classes=classes)
+
+
+def image_size(model: keras.Model) -> tuple[int, int]:
+    """The (height, width) a single-input RGB image model takes; raises ValueError otherwise."""
+    shape = tuple(model.input_shape) if not isinstance(model.input_shape, list) else None
+    if shape is None or len(shape) != 4 or shape[1] is None or shape[2] is None or shape[3] != 3:
+        raise ValueError(f"Expected a model with one input of shape (batch, height, width, 3) with a static "
+                         f"height and width. Received input shape: {model.input_shape}")
+    return int(shape[1]), int(shape[2])
+
+
+def _has_pixel_input(model: keras.Model) -> bool:
+    """keras_vit models built with `include_preprocessing=True` carry a `preprocessing` layer."""
+    return any(layer.name == "preprocessing" for layer in model.layers)
+
+
+def logits_model(model: keras.Model) -> keras.Model:
+    """The classifier up to its `head` Dense layer (logits), sharing the model's weights.
+
+    Raises ValueError when the model has no `head`, or when its output is neither the head
+    (logits) nor a softmax of it: probabilities computed from the logits would then be wrong.
+    """
+    try:
+        head = model.get_layer("head")
+    except ValueError:
+        raise ValueError(f"Expected a keras_vit classifier with a `head` layer (include_top=True). Model "
+                         f"{model.name!r} has layers {[layer.name for layer in model.layers][-4:]} at its end.") from None
+    last = model.layers[-1]
+    if last is not head:
+        activation = getattr(last, "activation", None)
+        if not (isinstance(last, keras.layers.Activation) and activation is keras.activations.softmax):
+            raise ValueError(f"Expected the model to end in `head` or a softmax of it. Received last layer "
+                             f"{last.name!r} ({type(last).__name__}, activation={activation!r}).")
+    return keras.Model(model.inputs, head.output, name=f"{model.name}_logits")
+
+
+def with_pixel_input(model: keras.Model) -> keras.Model:
+    """`model` itself when it takes [0, 255] pixels; else a model that rescales to [-1, 1] first."""
+    if _has_pixel_input(model):
+        return model
+    image = keras.Input(shape=model.input_shape[1:], name="image")
+    # keras_vit models without preprocessing take [-1, 1], as the original checkpoints do.
+    scaled = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="preprocessing")(image)
+    return keras.Model(image, model(scaled), name=f"{model.name}_pixels")
+
+
+def pixel_logits_model(model: keras.Model) -> keras.Model:
+    """Raw [0, 255] pixels at the model's size -> logits."""
+    return with_pixel_input(logits_model(model))

@@ -1,0 +1,171 @@
+"""Exports a keras_vit classifier as a TF Serving SavedModel: `BASE_DIR/<version>/`.
+
+    python -m export.saved_model --model vit.keras --out /models/vit [--version N] [--overwrite]
+    python -m export.saved_model --variant B/16 --weights vit.weights.h5 --out /models/vit
+
+The version is written atomically: everything (SavedModel and warmup requests) is built in a
+hidden temporary directory next to it, which is then renamed to `<version>`. TF Serving only
+watches numeric directories, so it never sees a half-written version; a failed export removes
+the temporary directory and leaves no `<version>/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+from export import model_io, serving
+
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+
+
+def next_version(base_dir: str | os.PathLike) -> int:
+    """One more than the largest numeric version directory in `base_dir` (1 when there is none)."""
+    base = Path(base_dir)
+    versions = [int(p.name) for p in base.iterdir() if p.is_dir() and p.name.isdigit()] if base.is_dir() else []
+    return max(versions, default=0) + 1
+
+
+def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, version: int | None = None,
+                       overwrite: bool = False, top_k: int = 5,
+                       class_names: Sequence[str] | None = None) -> Path:
+    """Writes `base_dir/<version>/` (SavedModel + warmup requests) atomically; returns its path.
+
+    Args:
+        model: a keras_vit classifier (`include_top=True`, softmax or no activation).
+        base_dir: the model's base directory, as given to TF Serving's `--model_base_path`.
+        version: positive int. Defaults to one more than the largest existing version.
+        overwrite: replace an existing `<version>/`. Defaults to `False` (FileExistsError).
+        top_k: number of `classes`/`scores` returned per image. Defaults to `5`.
+        class_names: optional names, one per class, returned as `class_names`.
+    """
+    base = Path(base_dir)
+    version = next_version(base) if version is None else version
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"`version` must be a positive int. Received: version={version!r}")
+    target = base / str(version)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"Version directory {target} already exists. Pass overwrite=True (--overwrite) "
+                              f"to replace it, or choose another version (next free: {next_version(base)}).")
+    archive = serving.serving_archive(model, top_k=top_k, class_names=class_names)
+    size = model_io.image_size(model)
+    base.mkdir(parents=True, exist_ok=True)
+
+    def write(directory: Path) -> None:
+        archive.write_out(str(directory), verbose=False)
+        write_warmup_requests(directory, size, model_name=base.name)
+
+    _write_atomically(target, write)
+    return target
+
+
+def _write_atomically(target: Path, write: Callable[[Path], None]) -> None:
+    """Calls `write(tmp)` on a fresh temporary directory next to `target`, then renames it to `target`.
+
+    An existing `target` is swapped out only after `write` succeeded. On any error the
+    temporary directory is removed and `target` is left as it was.
+    """
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        write(staging)
+        if target.exists():
+            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            os.rename(target, retired / target.name)
+            os.rename(staging, target)
+            shutil.rmtree(retired)
+        else:
+            os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def warmup_image(size: tuple[int, int]) -> np.ndarray:
+    """A deterministic colour-gradient uint8 image of shape (height, width, 3)."""
+    rows, cols = np.meshgrid(np.linspace(0, 255, size[0]), np.linspace(0, 255, size[1]), indexing="ij")
+    return np.stack([rows, cols, 255 - (rows + cols) / 2], axis=-1).astype(np.uint8)
+
+
+def warmup_requests(size: tuple[int, int], model_name: str) -> list[predict_pb2.PredictRequest]:
+    """One request per signature and input kind: float pixels, a PNG and a JPEG."""
+    image = warmup_image(size)
+    requests = []
+    for signature, key, value in (
+            ("serving_default", serving.IMAGES_KEY, image[np.newaxis].astype(np.float32)),
+            (serving.BYTES_SIGNATURE, serving.BYTES_KEY, np.array([tf.io.encode_png(image).numpy()], dtype=object)),
+            (serving.BYTES_SIGNATURE, serving.BYTES_KEY, np.array([tf.io.encode_jpeg(image).numpy()], dtype=object))):
+        request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name,
+                                                                           signature_name=signature))
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+        requests.append(request)
+    return requests
+
+
+def write_warmup_requests(saved_model_dir: str | os.PathLike, size: tuple[int, int], model_name: str) -> Path:
+    """Writes `assets.extra/tf_serving_warmup_requests` (PredictionLog TFRecords) into a SavedModel."""
+    path = Path(saved_model_dir) / WARMUP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for request in warmup_requests(size, model_name):
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+    return path
+
+
+def read_warmup_requests(saved_model_dir: str | os.PathLike) -> list[predict_pb2.PredictRequest]:
+    """The PredictRequests stored in a SavedModel's warmup file."""
+    path = Path(saved_model_dir) / WARMUP_FILE
+    return [prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+            for record in tf.data.TFRecordDataset(str(path))]
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, class_names: bool = True) -> None:
+    """The model-selection flags shared by the export CLIs (and `--class-names` if `class_names`)."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="Path of a `.keras` model file.")
+    source.add_argument("--variant", help='A variant to build, e.g. "B/16" (with --weights).')
+    parser.add_argument("--weights", help="Weights for --variant: a path or a registered name "
+                                          "(default: random weights).")
+    parser.add_argument("--image-size", type=int, default=224, help="Input size for --variant (default 224).")
+    parser.add_argument("--classes", type=int, default=1000, help="Classes for --variant (default 1000).")
+    if class_names:
+        parser.add_argument("--class-names", help="Text file with one class name per line, in class order.")
+
+
+def model_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> keras.Model:
+    """The model selected by `add_model_arguments` flags."""
+    if args.weights and not args.variant:
+        parser.error("--weights needs --variant (a `.keras` model carries its own weights).")
+    return model_io.load_model(args.model, variant=args.variant, weights=args.weights,
+                               input_shape=(args.image_size, args.image_size, 3), classes=args.classes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m export.saved_model", description=__doc__.split("\n")[0])
+    add_model_arguments(parser)
+    parser.add_argument("--out", required=True, help="Base directory; the export goes to OUT/<version>/.")
+    parser.add_argument("--version", type=int, help="Version number (default: next free).")
+    parser.add_argument("--overwrite", action="store_true", help="Replace an existing version.")
+    parser.add_argument("--top-k", type=int, default=5, help="classes/scores returned per image (default 5).")
+    args = parser.parse_args(argv)
+    model = model_from_arguments(parser, args)
+    class_names = None
+    if args.class_names:
+        class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines()
+    path = export_saved_model(model, args.out, version=args.version, overwrite=args.overwrite,
+                              top_k=args.top_k, class_names=class_names)
+    print(f"Wrote SavedModel {path} (signatures: serving_default, {serving.BYTES_SIGNATURE}).")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

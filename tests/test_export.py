@@ -1,0 +1,254 @@
+"""Exports of tiny keras_vit classifiers, each checked against the Keras model.
+
+SavedModels are reloaded as TF Serving would (TF1 loader, tag `serve`) and with
+`tf.saved_model.load` in a fresh process that never imports keras_vit.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+import keras_vit
+from export import data, export_all, model_io, saved_model, serving, tflite
+
+SIZE = (32, 32)
+TINY = dict(hidden_dim=48, mlp_dim=96, num_heads=3, input_shape=(*SIZE, 3), classes=10, weights=None)
+ARCHITECTURES = {
+    "plain": dict(TINY, patch_size=8, num_layers=2),
+    "hybrid": dict(TINY, patch_size=1, num_layers=1, resnet_stages=(1, 1)),
+}
+CLASS_NAMES = [f"class_{i}" for i in range(10)]
+
+
+def tiny_model(kind: str, seed: int = 0, **overrides) -> keras.Model:
+    """A tiny classifier with random, non-trivial weights (the head is zeros at init)."""
+    model = keras_vit.VisionTransformer(**{**ARCHITECTURES[kind], **overrides}, name=f"tiny_{kind}")
+    rng = np.random.default_rng(seed)
+    for weight in model.weights:
+        weight.assign(rng.normal(0.0, 0.3, weight.shape))
+    return model
+
+
+@pytest.fixture(scope="module")
+def images() -> np.ndarray:
+    """Real photo crops as whole-number pixels (exactly representable in PNG), float32."""
+    return np.round(data.photos(SIZE, count=6, seed=1))
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+def exported(request, tmp_path_factory):
+    """(model, version directory) for each architecture."""
+    model = tiny_model(request.param)
+    base = tmp_path_factory.mktemp(f"serving_{request.param}")
+    return model, saved_model.export_saved_model(model, base, class_names=CLASS_NAMES)
+
+
+def keras_outputs(model: keras.Model, images: np.ndarray) -> dict[str, np.ndarray]:
+    return {"probabilities": model.predict(images, verbose=0),
+            "logits": model_io.logits_model(model).predict(images, verbose=0)}
+
+
+def encode(images: np.ndarray, encoder) -> np.ndarray:
+    return np.array([encoder(image.astype(np.uint8)).numpy() for image in images], dtype=object)
+
+
+def assert_matches_keras(outputs: dict, expected: dict[str, np.ndarray], atol: float = 1e-5) -> None:
+    np.testing.assert_allclose(outputs["logits"], expected["logits"], atol=atol, rtol=0)
+    np.testing.assert_allclose(outputs["probabilities"], expected["probabilities"], atol=atol, rtol=0)
+    top5 = np.argsort(-expected["probabilities"], axis=-1)[:, :5]
+    np.testing.assert_array_equal(outputs["classes"], top5)
+    np.testing.assert_allclose(outputs["scores"], np.take_along_axis(expected["probabilities"], top5, -1),
+                               atol=atol, rtol=0)
+    np.testing.assert_array_equal(outputs["class_names"].astype(str), np.array(CLASS_NAMES)[top5])
+
+
+class TF1Server:
+    """Loads a SavedModel with the TF1 loader under tag `serve`, as TF Serving's C++ loader does."""
+
+    def __init__(self, path):
+        self.graph = tf.Graph()
+        self.session = tf.compat.v1.Session(graph=self.graph)
+        with self.graph.as_default():
+            meta_graph = tf.compat.v1.saved_model.loader.load(self.session, ["serve"], str(path))
+        self.signatures = meta_graph.signature_def
+
+    def predict(self, signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        signature_def = self.signatures[signature]
+        feed = {signature_def.inputs[key].name: value for key, value in inputs.items()}
+        fetch = {key: info.name for key, info in signature_def.outputs.items()}
+        return self.session.run(fetch, feed_dict=feed)
+
+
+SUBPROCESS_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import tensorflow as tf
+
+    path, inputs_file, outputs_file = sys.argv[1:]
+    inputs = np.load(inputs_file, allow_pickle=True)
+    loaded = tf.saved_model.load(path)
+    results = {}
+    for name in ("model_size", "other_size"):
+        out = loaded.signatures["serving_default"](images=tf.constant(inputs[name]))
+        results.update({f"{name}/{key}": value.numpy() for key, value in out.items()})
+    for name in ("png", "jpeg"):
+        out = loaded.signatures["serving_bytes"](image_bytes=tf.constant(list(inputs[name])))
+        results.update({f"{name}/{key}": value.numpy() for key, value in out.items()})
+    assert "keras_vit" not in sys.modules, "loading the SavedModel imported keras_vit"
+    np.savez(outputs_file, **results)
+""")
+
+
+def test_tf2_load_without_keras_vit_matches_keras(exported, images, tmp_path):
+    model, path = exported
+    other_size = np.round(data.photos((48, 40), count=3, seed=2))
+    inputs_file, outputs_file = tmp_path / "inputs.npz", tmp_path / "outputs.npz"
+    np.savez(inputs_file, model_size=images, other_size=other_size, png=encode(images, tf.io.encode_png),
+             jpeg=encode(images, lambda image: tf.io.encode_jpeg(image, quality=95)))
+    subprocess.run([sys.executable, "-c", SUBPROCESS_SCRIPT, str(path), str(inputs_file), str(outputs_file)],
+                   check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    results = np.load(outputs_file, allow_pickle=True)
+    outputs = {name: {key.split("/")[1]: results[key] for key in results.files if key.startswith(name + "/")}
+               for name in ("model_size", "other_size", "png", "jpeg")}
+    expected = keras_outputs(model, images)
+    assert_matches_keras(outputs["model_size"], expected)
+    assert_matches_keras(outputs["png"], expected)
+    resized = serving.resize(other_size, SIZE).numpy()
+    assert_matches_keras(outputs["other_size"], keras_outputs(model, resized))
+    np.testing.assert_array_equal(outputs["jpeg"]["classes"][:, 0], expected["probabilities"].argmax(-1))
+
+
+def test_tf1_serve_tag_matches_keras_and_survives_corrupt_bytes(exported, images):
+    model, path = exported
+    server = TF1Server(path)
+    assert {"serving_default", serving.BYTES_SIGNATURE} <= set(server.signatures)
+    expected = keras_outputs(model, images)
+    assert_matches_keras(server.predict("serving_default", {serving.IMAGES_KEY: images}), expected)
+    png = encode(images, tf.io.encode_png)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        server.predict(serving.BYTES_SIGNATURE, {serving.BYTES_KEY: np.array([png[0], b"\x89PNG not really"],
+                                                                              dtype=object)})
+    assert_matches_keras(server.predict(serving.BYTES_SIGNATURE, {serving.BYTES_KEY: png}), expected)
+    jpeg = encode(images, lambda image: tf.io.encode_jpeg(image, quality=95))
+    jpeg_outputs = server.predict(serving.BYTES_SIGNATURE, {serving.BYTES_KEY: jpeg})
+    np.testing.assert_array_equal(jpeg_outputs["classes"][:, 0], expected["probabilities"].argmax(-1))
+
+
+def test_corrupt_bytes_then_good_request_in_tf2_loaded_model(exported, images):
+    _, path = exported
+    serve_bytes = tf.saved_model.load(str(path)).signatures[serving.BYTES_SIGNATURE]
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        serve_bytes(image_bytes=tf.constant([b"definitely not an image"]))
+    good = serve_bytes(image_bytes=tf.constant(list(encode(images[:2], tf.io.encode_png))))
+    assert good["probabilities"].shape == (2, 10)
+
+
+def test_warmup_requests_replay(exported):
+    _, path = exported
+    requests = saved_model.read_warmup_requests(path)
+    assert sorted(r.model_spec.signature_name for r in requests) == ["serving_bytes", "serving_bytes",
+                                                                     "serving_default"]
+    server = TF1Server(path)
+    for request in requests:
+        inputs = {key: tf.make_ndarray(proto) for key, proto in request.inputs.items()}
+        outputs = server.predict(request.model_spec.signature_name, inputs)
+        assert outputs["probabilities"].shape == (1, 10)
+        np.testing.assert_allclose(outputs["probabilities"].sum(-1), 1.0, atol=1e-5)
+
+
+def test_crash_mid_export_leaves_no_version_and_keeps_the_old_one(tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise RuntimeError("simulated crash while writing")
+
+    monkeypatch.setattr(saved_model, "write_warmup_requests", crash)
+    model = tiny_model("plain")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        saved_model.export_saved_model(model, tmp_path, version=3)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / "marker").write_text("old")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        saved_model.export_saved_model(model, tmp_path, version=3, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["3"] and (tmp_path / "3" / "marker").exists()
+
+
+def test_cli_versions_never_overwrite_unless_asked(tmp_path):
+    model_file = tmp_path / "tiny.keras"
+    tiny_model("plain").save(model_file)
+    base = tmp_path / "serving"
+    assert saved_model.main(["--model", str(model_file), "--out", str(base)]) == 0
+    assert sorted(p.name for p in base.iterdir()) == ["1"]
+    marker = base / "1" / "marker"
+    marker.write_text("old")
+    with pytest.raises(FileExistsError, match="already exists"):
+        saved_model.main(["--model", str(model_file), "--out", str(base), "--version", "1"])
+    assert marker.exists()
+    saved_model.main(["--model", str(model_file), "--out", str(base), "--version", "1", "--overwrite"])
+    assert sorted(p.name for p in base.iterdir()) == ["1"] and not marker.exists()
+    assert saved_model.next_version(base) == 2
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(classifier_activation="sigmoid"), "softmax"),
+    (dict(include_top=False, pooling="token"), "head"),
+])
+def test_rejects_models_without_logits(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        serving.serving_archive(tiny_model("plain", **overrides))
+
+
+def test_model_without_preprocessing_takes_pixels(images):
+    raw = tiny_model("plain", include_preprocessing=False)
+    pixels = model_io.pixel_logits_model(raw).predict(images, verbose=0)
+    np.testing.assert_allclose(pixels, model_io.logits_model(raw).predict(images / 127.5 - 1, verbose=0),
+                               atol=1e-5)
+
+
+def trained_digits_model() -> keras.Model:
+    """The tiny plain ViT trained briefly on sklearn digits (about 95% training accuracy), so top-1 means something."""
+    from sklearn.datasets import load_digits
+
+    keras.utils.set_random_seed(0)
+    model = keras_vit.VisionTransformer(**ARCHITECTURES["plain"], name="tiny_digits")
+    model.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy")
+    model.fit(data.digits(SIZE), load_digits().target, epochs=12, batch_size=64, verbose=0)
+    return model
+
+
+def check_tflite_report(report: dict, out_dir) -> dict[str, dict]:
+    """Checks what every report must satisfy; returns its results by mode."""
+    results = {r["mode"]: r for r in report["modes"]}
+    assert sorted(results) == sorted(tflite.MODES)
+    for mode, result in results.items():
+        assert result["non_builtin_ops"] == [], mode
+        assert (out_dir / result["file"]).stat().st_size == result["size_bytes"]
+    assert results["float32"]["max_abs_diff"] <= 1e-4
+    assert results["float16"]["max_abs_diff"] <= 1e-2
+    assert results["float32"]["passed"] and results["float16"]["passed"]
+    assert json.loads((out_dir / "report.json").read_text()) == report
+    assert "| int8 |" in (out_dir / "report.md").read_text()
+    return results
+
+
+def test_tflite_trained_model_meets_every_threshold(tmp_path):
+    report = tflite.export_tflite(trained_digits_model(), tmp_path, dataset="digits")
+    results = check_tflite_report(report, tmp_path)
+    assert results["int8"]["reference_classes_predicted"] == 10  # Agreement is not trivial.
+    assert results["int8"]["top1_agreement"] >= 0.98
+    assert all(result["passed"] for result in results.values())
+
+
+def test_export_all_hybrid_builtin_only_and_float_thresholds(tmp_path):
+    report = export_all(tiny_model("hybrid"), tmp_path, dataset="photos")
+    assert report["saved_model"] == str(tmp_path / "saved_model" / "1")
+    assert saved_model.read_warmup_requests(report["saved_model"])
+    assert report["tflite_markdown"] == (tmp_path / "tflite" / "report.md").read_text()
+    results = check_tflite_report(report["tflite"], tmp_path / "tflite")
+    assert 0.0 <= results["int8"]["top1_agreement"] <= 1.0  # Random weights: reported, not judged.
