@@ -35,12 +35,15 @@ def checkpoint_architecture(arrays: dict[str, np.ndarray]) -> dict:
         raise ValueError(f"Not a ViT checkpoint: no 'embedding/kernel' among its {len(arrays)} keys.")
     patch, _, _, hidden = arrays["embedding/kernel"].shape
     blocks = {int(m.group(1)) for key in arrays for m in [re.match(r"Transformer/encoderblock_(\d+)/", key)] if m}
-    block = "Transformer/encoderblock_0/"
-    mlp = next(arrays[key] for key in arrays if key.startswith(block + "MlpBlock_") and key.endswith("Dense_0/kernel"))
-    query = next(arrays[key] for key in arrays if key.startswith(block + "MultiHeadDotProductAttention_")
-                 and key.endswith("query/kernel"))
-    units = [tuple(map(int, m.groups())) for key in arrays for m in [re.match(r"block(\d+)/unit(\d+)/conv1/", key)] if m]
-    stages = tuple(max(u for s, u in units if s == stage) for stage in range(1, 1 + max((s for s, _ in units), default=0)))
+    paths = {target[0]: array for key, array in arrays.items() for target in [weights_lib.keras_path(key)] if target}
+    mlp_path, query_path = ("encoderblock_0/MlpBlock_3/Dense_0/kernel",
+                            "encoderblock_0/MultiHeadDotProductAttention_1/query/kernel")
+    if mlp_path not in paths or query_path not in paths:
+        raise ValueError(f"Not a ViT checkpoint: no keys for {mlp_path!r} and {query_path!r}.")
+    mlp, query = paths[mlp_path], paths[query_path]
+    units = [tuple(map(int, m.groups())) for key in arrays for m in [re.match(r"block(\d+)/unit(\d+)/conv1/", key)]
+             if m]
+    stages = tuple(max(u for s, u in units if s == stage) for stage in sorted({s for s, _ in units}))
     return dict(patch_size=patch, hidden_dim=hidden, mlp_dim=mlp.shape[1], num_heads=query.shape[1],
                 num_layers=len(blocks), resnet_stages=stages or None,
                 classifier="token" if "cls" in arrays else "gap",
@@ -93,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference.save_weights(args.output)
     converted = _build(architecture, args.variant, image_size, classes, args.output)
     images = np.random.default_rng(0).uniform(0, 255, (2, *image_size, 3)).astype("float32")
-    difference = np.abs(np.asarray(converted.predict(images, verbose=0)) - np.asarray(reference.predict(images, verbose=0)))
+    difference = np.abs(np.asarray(converted(images)) - np.asarray(reference(images)))
     print(f"Wrote {args.output} ({reference.count_params():,} parameters, input {image_size[0]}x{image_size[1]}, "
           f"{classes} classes).")
     print(f"validate_output: max abs difference {difference.max():.3g}, mean {difference.mean():.3g} "

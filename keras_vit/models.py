@@ -26,7 +26,10 @@ Args:
     weights: `None` (random initialization), a registered checkpoint name (see
         `keras_vit.list_weights("{variant}")`), or a path to an original `.npz` checkpoint or a
         Keras `.weights.h5` file. `"imagenet"` picks the best ImageNet-1k checkpoint for the
-        input size. Defaults to `"imagenet"`.
+        input size (one fine-tuned at that size if registered, else the 384 one). `.npz`
+        weights load at any input size: position embeddings are resampled like the original
+        loader does. Registered files are downloaded once into the Keras cache
+        (`~/.keras/models`). Defaults to `"imagenet"`.
     input_tensor: optional Keras tensor to use as the image input.
     input_shape: (height, width, channels); height and width divisible by {stride}.
         Defaults to `(224, 224, 3)`.

@@ -34,7 +34,6 @@ logger = logging.getLogger(__name__)
 _BUCKET = "https://storage.googleapis.com/vit_models"
 IMAGENET21K_CLASSES = 21843
 IMAGENET_CLASSES = 1000
-DEFAULT_IMAGE_SIZE = 224
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,8 +269,7 @@ def read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndarr
             names = {name.removeprefix("params/"): name for name in archive.files}
             wanted = names if keys is None else [key for key in keys if key in names]
             return {key: archive[names[key]] for key in wanted}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, AttributeError) as error:
-        # np.load raises AttributeError on some non-archive inputs.
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
         raise ValueError(f"Could not read {path!r} as an .npz checkpoint ({type(error).__name__}: {error}). "
                          "The file is truncated, corrupt or of another format; if it was downloaded, delete "
                          "it to download it again.") from error

@@ -62,7 +62,8 @@ def vit_checkpoint(*, grid: int = 4, classes: int = 10, classifier: str = "token
         b = f"Transformer/encoderblock_{i}"
         arrays.update(_norm(rng, f"{b}/LayerNorm_0", d))
         for name in ("query", "key", "value"):
-            arrays[f"{b}/MultiHeadDotProductAttention_1/{name}/kernel"] = _normal(rng, (d, heads, d // heads), d ** -0.5)
+            kernel = _normal(rng, (d, heads, d // heads), d ** -0.5)
+            arrays[f"{b}/MultiHeadDotProductAttention_1/{name}/kernel"] = kernel
             arrays[f"{b}/MultiHeadDotProductAttention_1/{name}/bias"] = _normal(rng, (heads, d // heads), 0.1)
         arrays[f"{b}/MultiHeadDotProductAttention_1/out/kernel"] = _normal(rng, (heads, d // heads, d), d ** -0.5)
         arrays[f"{b}/MultiHeadDotProductAttention_1/out/bias"] = _normal(rng, (d,), 0.1)

@@ -113,7 +113,8 @@ def ref_gelu_tanh(x):
 def ref_block(a, b, x):
     y = ref_layer_norm(x, a[f"{b}/LayerNorm_0/scale"], a[f"{b}/LayerNorm_0/bias"])
     m = f"{b}/MultiHeadDotProductAttention_1"
-    q, k, v = (np.einsum("btd,dhk->bthk", y, a[f"{m}/{n}/kernel"]) + a[f"{m}/{n}/bias"] for n in ("query", "key", "value"))
+    q, k, v = (np.einsum("btd,dhk->bthk", y, a[f"{m}/{n}/kernel"]) + a[f"{m}/{n}/bias"]
+               for n in ("query", "key", "value"))
     logits = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1])
     weights = np.exp(logits - logits.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
