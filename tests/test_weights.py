@@ -144,9 +144,9 @@ def ref_logits(arrays, images, stages=None):
         grid = ref_zoom_linear(posemb[prefix:].reshape(old, old, -1), gh, gw).reshape(gh * gw, -1)
         posemb = np.concatenate([posemb[:prefix], grid])
     x = x + posemb
-    blocks = sorted({key.split("/")[1] for key in a if key.startswith("Transformer/encoderblock_")})
-    for block in blocks:
-        x = ref_block(a, f"Transformer/{block}", x)
+    num_blocks = len({key.split("/")[1] for key in a if key.startswith("Transformer/encoderblock_")})
+    for i in range(num_blocks):
+        x = ref_block(a, f"Transformer/encoderblock_{i}", x)
     x = ref_layer_norm(x, a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"])
     x = x[:, 0] if prefix else x.mean(axis=1)
     if "pre_logits/kernel" in a:
@@ -438,6 +438,24 @@ def test_converter_round_trip(checkpoint, args, arch, size, vit_file, hybrid_fil
     assert "max abs difference 0," in capsys.readouterr().out
     x = images(*size, batch=1)
     np.testing.assert_array_equal(logits(build(out, size, arch=arch), x), logits(build(path, size, arch=arch), x))
+
+
+def test_converter_with_registered_variant(tmp_path, capsys):
+    arrays = ckpt.vit_checkpoint(patch=16, hidden=192, mlp=768, heads=3, layers=12, grid=2, classes=1000)
+    path = ckpt.save(tmp_path / "ti16.npz", arrays)
+    out = str(tmp_path / "ti16.weights.h5")
+    assert convert.main([path, out, "--variant", "Ti/16", "--image-size", "48"]) == 0
+    assert "max abs difference 0," in capsys.readouterr().out
+    x = images(48, 48, batch=1)
+    np.testing.assert_allclose(logits(keras_vit.ViTTi16(weights=out, input_shape=(48, 48, 3),
+                                                         classifier_activation=None), x),
+                               ref_logits(arrays, x), atol=1e-4, rtol=0)
+
+
+def test_converter_rejects_wrong_variant(vit_file, tmp_path):
+    with pytest.raises(ValueError, match=r"checkpoint: hidden size 48, 2 encoder blocks; "
+                                         r"model: hidden size 192, 12 encoder blocks"):
+        convert.main([vit_file[0], str(tmp_path / "x.weights.h5"), "--variant", "Ti/16"])
 
 
 def test_converter_help():
