@@ -85,9 +85,10 @@ def _original_checkpoints() -> list[Checkpoint]:
     return entries
 
 
-# AugReg (arXiv:2106.10270) recommended checkpoints: variant -> (ImageNet-21k pre-training,
-# {resolution: ImageNet-1k fine-tune}). Their ImageNet-21k heads are trained (not zeroed)
-# and none of them has a pre_logits layer.
+# AugReg (arXiv:2106.10270) checkpoints, one pre-training per model (the selection timm registers):
+# variant -> (ImageNet-21k pre-training, {resolution: ImageNet-1k fine-tune}). Their ImageNet-21k
+# heads are trained (not zeroed) and have no pre_logits layer; were one there, loading with the
+# head would fail on the unexpected key rather than build a wrong model.
 _AUGREG = {
     "Ti/16": ("Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0", {
         224: "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224",

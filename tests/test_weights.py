@@ -292,6 +292,15 @@ def test_other_classes_get_a_zero_head_and_drop_pre_logits(i21k_file, caplog):
     np.testing.assert_array_equal(kept.get_layer("pre_logits").kernel.numpy(), arrays["pre_logits/kernel"])
 
 
+def test_loaded_head_requires_the_checkpoints_pre_logits(i21k_file):
+    model = build(classes=21843)  # head fits the checkpoint's, but no pre_logits layer
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"unexpected key 'pre_logits/kernel' \(48, 48\)"):
+        keras_vit.load_weights(model, i21k_file[0])
+    for old, new in zip(before, snapshot(model)):
+        np.testing.assert_array_equal(old, new)
+
+
 def test_include_top_false_skips_head(vit_file):
     path, arrays = vit_file
     model = build(path, include_top=False, pooling="token")
