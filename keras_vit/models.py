@@ -26,7 +26,10 @@ Args:
     weights: `None` (random initialization), a registered checkpoint name (see
         `keras_vit.list_weights("{variant}")`), or a path to an original `.npz` checkpoint or a
         Keras `.weights.h5` file. `"imagenet"` picks the best ImageNet-1k checkpoint for the
-        input size. Defaults to `"imagenet"`.
+        input size (one fine-tuned at that size if registered, else the 384 one). `.npz`
+        weights load at any input size: position embeddings are resampled like the original
+        loader does. Registered files are downloaded once into the Keras cache
+        (`~/.keras/models`). Defaults to `"imagenet"`.
     input_tensor: optional Keras tensor to use as the image input.
     input_shape: (height, width, channels); height and width divisible by {stride}.
         Defaults to `(224, 224, 3)`.
@@ -41,7 +44,9 @@ Args:
     classifier: `"token"` (class token, the paper's default) or `"gap"` (global average
         pooling, no class token). Defaults to `"token"`.
     representation_size: optional int. Width of a `pre_logits` Dense + tanh layer before the
-        head (the ImageNet-21k pre-training head). Defaults to `None`.
+        head (the ImageNet-21k pre-training head). Defaults to `None`: no such layer, except
+        that pretrained weights whose head is loaded (`include_top=True` and the checkpoint's
+        `classes`) bring their own (e.g. `weights="imagenet21k"`, 21843 classes).
     position_embedding: `"learned"`, `"learned_2d"`, `"sincos_2d"` or `"none"`.
         Defaults to `"learned"`.
     dropout_rate: float. Dropout after the position embedding, attention and in the MLP.
@@ -141,13 +146,16 @@ def VisionTransformer(
                if key not in config]
     if missing:
         raise ValueError(f"VisionTransformer needs `variant` or the architecture arguments {missing}.")
-    weights_source = weights_lib.resolve(weights, variant=variant, image_shape=input_shape,
+    stride = variants.total_stride(config)
+    image, image_shape = _image_input(input_tensor, input_shape, stride, pretrained=weights is not None)
+    weights_source = weights_lib.resolve(weights, variant=variant, image_size=image_shape[:2],
                                          include_top=include_top, classes=classes)
     _validate(include_top=include_top, pooling=pooling, classes=classes, classifier=classifier,
               position_embedding=position_embedding, classifier_activation=classifier_activation,
               weights_source=weights_source)
-    stride = variants.total_stride(config)
-    image, image_shape = _image_input(input_tensor, input_shape, stride, pretrained=weights_source is not None)
+    if representation_size is None and weights_source is not None:
+        # ImageNet-21k checkpoints end in pre_logits (Dense + tanh): build it when their head is used.
+        representation_size = weights_source.representation_size
     outputs = _forward(image, config, include_top=include_top, pooling=pooling, classes=classes,
                        classifier_activation=classifier_activation, include_preprocessing=include_preprocessing,
                        classifier=classifier, representation_size=representation_size,
@@ -157,7 +165,7 @@ def VisionTransformer(
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
     model = keras.Model(inputs, outputs, name=name)
     if weights_source is not None:
-        weights_lib.load(model, weights_source, representation_size=representation_size)
+        weights_lib.load(model, weights_source)
     return model
 
 

@@ -1,0 +1,502 @@
+"""Pretrained-weights tests: registry, `.npz` loading, resampling, converter, download.
+
+Checkpoints are written here in the released layout (tests/released_checkpoints.py). The
+reference is a NumPy forward pass written from the equations (REFERENCE.md section 2) that
+runs on the `.npz` arrays directly, with its own order-1 zoom, independent of the loader.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.ndimage
+
+import keras_vit
+from keras_vit import convert
+from keras_vit import weights as weights_lib
+from tests import released_checkpoints as ckpt
+
+TINY_ARCH = dict(patch_size=8, hidden_dim=48, mlp_dim=96, num_heads=3, num_layers=2)
+HYBRID_ARCH = dict(patch_size=1, hidden_dim=48, mlp_dim=96, num_heads=3, num_layers=2, resnet_stages=(1, 1))
+HYBRID_STAGES = (1, 1)  # root /4, stage 2 /2: stride 8 (a 4x4 grid at 32 px), 256 -> 512 channels
+
+# ---------------------------------------------------------------------------------------
+# NumPy reference, from the equations
+# ---------------------------------------------------------------------------------------
+
+
+def ref_zoom_linear(grid, new_h, new_w):
+    """scipy.ndimage.zoom(grid, (new_h/h, new_w/w, 1), order=1), point by point."""
+    h, w, _ = grid.shape
+    out = np.zeros((new_h, new_w, grid.shape[2]))
+    for i in range(new_h):
+        y = i * (h - 1) / (new_h - 1) if new_h > 1 else 0.0
+        y0 = min(int(y), h - 1)
+        y1, fy = min(y0 + 1, h - 1), y - y0
+        for j in range(new_w):
+            x = j * (w - 1) / (new_w - 1) if new_w > 1 else 0.0
+            x0 = min(int(x), w - 1)
+            x1, fx = min(x0 + 1, w - 1), x - x0
+            out[i, j] = ((1 - fy) * (1 - fx) * grid[y0, x0] + (1 - fy) * fx * grid[y0, x1]
+                         + fy * (1 - fx) * grid[y1, x0] + fy * fx * grid[y1, x1])
+    return out
+
+
+def tf_same_pads(size, kernel, stride):
+    total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+def ref_conv(x, kernel, stride, padding):
+    kh, kw, _, out_channels = kernel.shape
+    if padding == "SAME":
+        pads = (tf_same_pads(x.shape[1], kh, stride), tf_same_pads(x.shape[2], kw, stride))
+        x = np.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+    oh, ow = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    out = np.zeros((x.shape[0], oh, ow, out_channels))
+    for i in range(kh):
+        for j in range(kw):
+            out += x[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] @ kernel[i, j]
+    return out
+
+
+def ref_std_conv(x, kernel, stride):
+    mean = kernel.mean(axis=(0, 1, 2), keepdims=True)
+    std = kernel.std(axis=(0, 1, 2), keepdims=True)  # population std
+    return ref_conv(x, (kernel - mean) / (std + 1e-5), stride, "SAME")
+
+
+def ref_group_norm(x, scale, bias, groups=32):
+    b, h, w, c = x.shape
+    g = x.reshape(b, h, w, groups, c // groups)
+    g = (g - g.mean(axis=(1, 2, 4), keepdims=True)) / np.sqrt(g.var(axis=(1, 2, 4), keepdims=True) + 1e-6)
+    return g.reshape(b, h, w, c) * scale.reshape(-1) + bias.reshape(-1)
+
+
+def ref_max_pool_same(x):
+    pads = (tf_same_pads(x.shape[1], 3, 2), tf_same_pads(x.shape[2], 3, 2))
+    x = np.pad(x, ((0, 0), pads[0], pads[1], (0, 0)), constant_values=-np.inf)
+    oh, ow = (x.shape[1] - 3) // 2 + 1, (x.shape[2] - 3) // 2 + 1
+    return np.max([x[:, i:i + 2 * oh:2, j:j + 2 * ow:2] for i in range(3) for j in range(3)], axis=0)
+
+
+def ref_resnet(a, x, stages):
+    x = np.maximum(ref_group_norm(ref_std_conv(x, a["conv_root/kernel"], 2), a["gn_root/scale"], a["gn_root/bias"]), 0)
+    x = ref_max_pool_same(x)
+    for s, units in enumerate(stages, start=1):
+        for u in range(1, units + 1):
+            p, stride = f"block{s}/unit{u}", 2 if s > 1 and u == 1 else 1
+
+            def gn(y, name):
+                return ref_group_norm(y, a[f"{p}/{name}/scale"], a[f"{p}/{name}/bias"])
+
+            y = np.maximum(gn(ref_std_conv(x, a[f"{p}/conv1/kernel"], 1), "gn1"), 0)
+            y = np.maximum(gn(ref_std_conv(y, a[f"{p}/conv2/kernel"], stride), "gn2"), 0)
+            y = gn(ref_std_conv(y, a[f"{p}/conv3/kernel"], 1), "gn3")
+            residual = gn(ref_std_conv(x, a[f"{p}/conv_proj/kernel"], stride), "gn_proj") if u == 1 else x
+            x = np.maximum(residual + y, 0)
+    return x
+
+
+def ref_layer_norm(x, scale, bias):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-6) * scale + bias
+
+
+def ref_gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def ref_block(a, b, x):
+    y = ref_layer_norm(x, a[f"{b}/LayerNorm_0/scale"], a[f"{b}/LayerNorm_0/bias"])
+    m = f"{b}/MultiHeadDotProductAttention_1"
+    q, k, v = (np.einsum("btd,dhk->bthk", y, a[f"{m}/{n}/kernel"]) + a[f"{m}/{n}/bias"]
+               for n in ("query", "key", "value"))
+    logits = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1])
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attended = np.einsum("bhqs,bshk->bqhk", weights, v)
+    x = x + np.einsum("bqhk,hkd->bqd", attended, a[f"{m}/out/kernel"]) + a[f"{m}/out/bias"]
+    y = ref_layer_norm(x, a[f"{b}/LayerNorm_2/scale"], a[f"{b}/LayerNorm_2/bias"])
+    y = ref_gelu_tanh(y @ a[f"{b}/MlpBlock_3/Dense_0/kernel"] + a[f"{b}/MlpBlock_3/Dense_0/bias"])
+    return x + y @ a[f"{b}/MlpBlock_3/Dense_1/kernel"] + a[f"{b}/MlpBlock_3/Dense_1/bias"]
+
+
+def ref_logits(arrays, images, stages=None):
+    """Logits of the checkpoint `arrays` on `images` in [0, 255], at the images' resolution."""
+    a = {key: value.astype(np.float64) for key, value in arrays.items()}
+    x = images.astype(np.float64) / 127.5 - 1
+    if stages:
+        x = ref_resnet(a, x, stages)
+    patch = a["embedding/kernel"].shape[0]
+    x = ref_conv(x, a["embedding/kernel"], patch, "VALID") + a["embedding/bias"]
+    gh, gw = x.shape[1:3]
+    x = x.reshape(x.shape[0], gh * gw, -1)
+    posemb = a["Transformer/posembed_input/pos_embedding"][0]
+    prefix = 1 if "cls" in a else 0
+    if prefix:
+        x = np.concatenate([np.broadcast_to(a["cls"], (x.shape[0], 1, x.shape[2])), x], axis=1)
+    old = int(np.sqrt(len(posemb) - prefix))
+    if (old, old) != (gh, gw):
+        grid = ref_zoom_linear(posemb[prefix:].reshape(old, old, -1), gh, gw).reshape(gh * gw, -1)
+        posemb = np.concatenate([posemb[:prefix], grid])
+    x = x + posemb
+    num_blocks = len({key.split("/")[1] for key in a if key.startswith("Transformer/encoderblock_")})
+    for i in range(num_blocks):
+        x = ref_block(a, f"Transformer/encoderblock_{i}", x)
+    x = ref_layer_norm(x, a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"])
+    x = x[:, 0] if prefix else x.mean(axis=1)
+    if "pre_logits/kernel" in a:
+        x = np.tanh(x @ a["pre_logits/kernel"] + a["pre_logits/bias"])
+    return x @ a["head/kernel"] + a["head/bias"]
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------
+
+
+def images(height, width, batch=2, seed=1):
+    return np.random.default_rng(seed).uniform(0, 255, (batch, height, width, 3)).astype("float32")
+
+
+def build(weights=None, size=(32, 32), arch=TINY_ARCH, **kwargs):
+    kwargs.setdefault("classes", 10)
+    return keras_vit.VisionTransformer(**arch, weights=weights, input_shape=(*size, 3),
+                                       classifier_activation=None, **kwargs)
+
+
+def logits(model, x):
+    return np.asarray(model(x, training=False))
+
+
+def snapshot(model):
+    return [np.array(w.numpy()) for w in model.weights]
+
+
+@pytest.fixture(scope="module")
+def vit_file(tmp_path_factory):
+    """A '224-style' tiny checkpoint: 32 px at patch 8, a 4x4 grid, 10 classes."""
+    arrays = ckpt.vit_checkpoint(grid=4)
+    return ckpt.save(tmp_path_factory.mktemp("ckpt") / "vit.npz", arrays), arrays
+
+
+@pytest.fixture(scope="module")
+def hybrid_file(tmp_path_factory):
+    arrays = ckpt.vit_checkpoint(grid=4, resnet_stages=HYBRID_STAGES, seed=3)
+    return ckpt.save(tmp_path_factory.mktemp("ckpt") / "hybrid.npz", arrays), arrays
+
+
+# ---------------------------------------------------------------------------------------
+# Position-embedding resampling
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("old, new", [((4, 4), (6, 6)), ((4, 4), (3, 7)), ((7, 7), (2, 9)), ((3, 5), (8, 4)),
+                                      ((4, 4), (1, 3))])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_resample_matches_scipy_zoom(old, new, prefix):
+    rng = np.random.default_rng(0)
+    posemb = rng.standard_normal((1, prefix + old[0] * old[1], 5)).astype("float32")
+    out = keras_vit.resample_position_embedding(posemb, new, old_grid=old, num_prefix_tokens=prefix)
+    grid = posemb[0, prefix:].reshape(*old, 5)
+    expected = scipy.ndimage.zoom(grid, (new[0] / old[0], new[1] / old[1], 1), order=1)
+    assert out.shape == (1, prefix + new[0] * new[1], 5) and out.dtype == np.float32
+    np.testing.assert_array_equal(out[:, :prefix], posemb[:, :prefix])
+    np.testing.assert_allclose(out[0, prefix:], expected.reshape(-1, 5), atol=1e-6)
+
+
+def test_resample_infers_square_grid_and_rejects_others():
+    posemb = np.arange(2 * 17, dtype="float32").reshape(1, 17, 2)
+    np.testing.assert_array_equal(keras_vit.resample_position_embedding(posemb, 4), posemb)
+    with pytest.raises(ValueError, match="not a square"):
+        keras_vit.resample_position_embedding(posemb[:, :16], 5)
+
+
+# ---------------------------------------------------------------------------------------
+# Loading released-layout checkpoints against the NumPy reference
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(32, 32), (48, 48), (32, 56)], ids=["native", "larger", "rectangular"])
+def test_vit_matches_reference(vit_file, size, caplog):
+    path, arrays = vit_file
+    with caplog.at_level(logging.INFO, logger="keras_vit.weights"):
+        model = build(path, size)
+    x = images(*size)
+    np.testing.assert_allclose(logits(model, x), ref_logits(arrays, x), atol=1e-4, rtol=0)
+    resized = [r.message for r in caplog.records if "Resampled position embedding" in r.message]
+    assert resized == ([] if size == (32, 32) else
+                       [f"Resampled position embedding: grid 4x4 -> {size[0] // 8}x{size[1] // 8} "
+                        "(1 prefix token(s) kept)."])
+
+
+def test_gap_checkpoint_matches_reference(tmp_path):
+    arrays = ckpt.vit_checkpoint(classifier="gap", seed=5)
+    model = build(ckpt.save(tmp_path / "gap.npz", arrays), classifier="gap")
+    x = images(32, 32)
+    np.testing.assert_allclose(logits(model, x), ref_logits(arrays, x), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("size", [(32, 32), (48, 48)], ids=["native", "larger"])
+def test_hybrid_matches_reference(hybrid_file, size):
+    path, arrays = hybrid_file
+    assert arrays["block2/unit1/gn_proj/scale"].shape == (1, 1, 1, 512)
+    model = build(path, size, arch=HYBRID_ARCH)
+    x = images(*size, batch=1)
+    np.testing.assert_allclose(logits(model, x), ref_logits(arrays, x, HYBRID_STAGES), atol=1e-4, rtol=0)
+
+
+def test_big_vision_naming_loads_the_same(vit_file, tmp_path):
+    path, arrays = vit_file
+    renamed = ckpt.big_vision_names(arrays)
+    assert "params/Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel" in renamed
+    x = images(32, 32)
+    np.testing.assert_array_equal(logits(build(ckpt.save(tmp_path / "bv.npz", renamed)), x),
+                                  logits(build(path), x))
+
+
+# ---------------------------------------------------------------------------------------
+# Heads
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def i21k_file(tmp_path_factory):
+    """ImageNet-21k style: pre_logits of width D, a zeroed 21843-way head."""
+    arrays = ckpt.vit_checkpoint(classes=21843, representation_size=48, zero_head=True, seed=7)
+    return ckpt.save(tmp_path_factory.mktemp("ckpt") / "i21k.npz", arrays), arrays
+
+
+def test_i21k_head_and_pre_logits_loaded_with_zero_head_warning(i21k_file, caplog):
+    path, arrays = i21k_file
+    with caplog.at_level(logging.INFO, logger="keras_vit.weights"):
+        model = build(path, classes=21843)  # representation_size inferred from the checkpoint
+    np.testing.assert_array_equal(model.get_layer("pre_logits").kernel.numpy(), arrays["pre_logits/kernel"])
+    assert not np.any(logits(model, images(32, 32)))
+    assert any(r.levelno == logging.WARNING and "all zeros" in r.message for r in caplog.records)
+
+
+def test_other_classes_get_a_zero_head_and_drop_pre_logits(i21k_file, caplog):
+    path, arrays = i21k_file
+    with caplog.at_level(logging.INFO, logger="keras_vit.weights"):
+        model = build(path, classes=5)
+    assert "pre_logits" not in [layer.name for layer in model.layers]
+    assert not np.any(model.get_layer("head").kernel.numpy())
+    messages = " ".join(r.message for r in caplog.records)
+    assert "head/kernel" in messages and "pre_logits/kernel" in messages  # kept at init / not used
+    kept = build(path, classes=5, representation_size=48)
+    np.testing.assert_array_equal(kept.get_layer("pre_logits").kernel.numpy(), arrays["pre_logits/kernel"])
+
+
+def test_loaded_head_requires_the_checkpoints_pre_logits(i21k_file):
+    model = build(classes=21843)  # head fits the checkpoint's, but no pre_logits layer
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=r"unexpected key 'pre_logits/kernel' \(48, 48\)"):
+        keras_vit.load_weights(model, i21k_file[0])
+    for old, new in zip(before, snapshot(model)):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_include_top_false_skips_head(vit_file):
+    path, arrays = vit_file
+    model = build(path, include_top=False, pooling="token")
+    assert "head" not in [layer.name for layer in model.layers]
+    np.testing.assert_array_equal(model.get_layer("cls").cls.numpy(), arrays["cls"])
+
+
+# ---------------------------------------------------------------------------------------
+# Errors: ValueError, model untouched
+# ---------------------------------------------------------------------------------------
+
+
+def _broken(kind, tmp_path, vit_file):
+    path, arrays = vit_file
+    target = tmp_path / f"{kind}.npz"
+    if kind == "truncated":
+        data = open(path, "rb").read()
+        target.write_bytes(data[: len(data) // 2])
+    elif kind == "not_npz":
+        target.write_text("this is not a checkpoint\n")
+    elif kind == "missing_key":
+        ckpt.save(target, {k: v for k, v in arrays.items() if k != "Transformer/encoderblock_1/LayerNorm_2/bias"})
+    elif kind == "unexpected_key":
+        ckpt.save(target, {**arrays, "Transformer/encoderblock_0/extra/kernel": np.zeros((2, 2), "float32")})
+    elif kind == "wrong_variant":
+        ckpt.save(target, ckpt.vit_checkpoint(hidden=64, mlp=128, heads=4, layers=3))
+    elif kind == "wrong_mlp":
+        ckpt.save(target, ckpt.vit_checkpoint(mlp=80))
+    return str(target)
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("truncated", r"Could not read .*truncated\.npz.* as an \.npz checkpoint"),
+    ("not_npz", r"Could not read .*not_npz\.npz.* as an \.npz checkpoint"),
+    ("missing_key", r"missing key for model weight 'encoderblock_1/LayerNorm_2/beta' \(expected shape \(48,\)\)"),
+    ("unexpected_key", r"unexpected key 'Transformer/encoderblock_0/extra/kernel' \(2, 2\)"),
+    ("wrong_variant", r"checkpoint: hidden size 64, 3 encoder blocks; model: hidden size 48, 2 encoder blocks"
+                      r"(.|\n)*shape mismatch for key 'embedding/kernel' -> 'embedding/kernel': "
+                      r"expected \(8, 8, 3, 48\), found \(8, 8, 3, 64\)"),
+    ("wrong_mlp", r"shape mismatch for key 'Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' -> "
+                  r"'encoderblock_0/MlpBlock_3/Dense_0/kernel': expected \(48, 96\), found \(48, 80\)"),
+])
+def test_bad_checkpoint_raises_and_leaves_model_untouched(kind, message, tmp_path, vit_file):
+    model = build()
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=message):
+        keras_vit.load_weights(model, _broken(kind, tmp_path, vit_file))
+    for old, new in zip(before, snapshot(model)):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_wrong_variant_reports_unexpected_blocks(tmp_path, vit_file):
+    with pytest.raises(ValueError, match=r"unexpected key 'Transformer/encoderblock_2/LayerNorm_0/scale'"):
+        keras_vit.load_weights(build(), _broken("wrong_variant", tmp_path, vit_file))
+
+
+# ---------------------------------------------------------------------------------------
+# Registry and resolution (no download)
+# ---------------------------------------------------------------------------------------
+
+
+def test_registry_entries_are_consistent():
+    keys = [(e.variant, e.tag, e.image_size) for e in weights_lib.REGISTRY]
+    assert len(keys) == len(set(keys))
+    for entry in weights_lib.REGISTRY:
+        assert entry.variant in keras_vit.VARIANTS
+        assert entry.url.startswith("https://storage.googleapis.com/vit_models/") and entry.url.endswith(".npz")
+        hidden = keras_vit.VARIANTS[entry.variant]["hidden_dim"]
+        assert entry.representation_size == (hidden if entry.tag == "imagenet21k" else None)
+        assert entry.classes == (21843 if entry.tag.endswith("imagenet21k") else 1000)
+    assert {e.tag for e in keras_vit.list_weights("ViT-B_16")} == {
+        "imagenet21k", "imagenet21k+imagenet2012", "augreg-imagenet21k", "augreg-imagenet21k+imagenet2012"}
+
+
+@pytest.mark.parametrize("variant, weights, size, filename", [
+    ("B/16", "imagenet", 224, "ViT-B_16-224.npz"),
+    ("B/16", "imagenet", 384, "ViT-B_16.npz"),
+    ("B/16", "imagenet", 256, "ViT-B_16.npz"),
+    ("B/16", "imagenet21k+imagenet2012", 224, "ViT-B_16-224.npz"),
+    ("Ti/16", "imagenet", 224, "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-"
+                               "lr_0.03-res_224.npz"),
+    ("R50+B/16", "imagenet", 224, "R50+ViT-B_16.npz"),
+    ("L/32", "imagenet21k", 224, "ViT-L_32.npz"),
+])
+def test_resolve_picks_checkpoint(variant, weights, size, filename):
+    source = weights_lib.resolve(weights, variant=variant, image_size=(size, size), include_top=True, classes=1000)
+    assert source.checkpoint.filename == filename
+
+
+def test_resolve_infers_representation_size_only_when_head_is_loaded():
+    def rep(**kwargs):
+        return weights_lib.resolve("imagenet21k", variant="B/16", image_size=(224, 224), **kwargs).representation_size
+    assert rep(include_top=True, classes=21843) == 768
+    assert rep(include_top=True, classes=1000) is None
+    assert rep(include_top=False, classes=21843) is None
+
+
+@pytest.mark.parametrize("variant, weights, message", [
+    ("H/14", "imagenet", r"Unknown weights 'imagenet' for variant 'H/14'.*\['imagenet21k'\]"),
+    ("B/16", "jft300m", r"Unknown weights 'jft300m' for variant 'B/16'"),
+    (None, "imagenet", r"registered weights names need a `variant`"),
+])
+def test_resolve_rejects_unknown_weights(variant, weights, message):
+    with pytest.raises(ValueError, match=message):
+        weights_lib.resolve(weights, variant=variant, image_size=(224, 224), include_top=True, classes=1000)
+
+
+# ---------------------------------------------------------------------------------------
+# Download (no network: a file:// URL) and the .weights.h5 converter
+# ---------------------------------------------------------------------------------------
+
+
+def test_registered_name_downloads_once_into_cache(vit_file, tmp_path, monkeypatch):
+    path, _ = vit_file
+    source = tmp_path / "server" / "Tiny_8-test.npz"
+    source.parent.mkdir()
+    source.write_bytes(open(path, "rb").read())
+    entry = weights_lib.Checkpoint("Ti/16", "test-tag", source.as_uri(), 10, 32)
+    monkeypatch.setattr(weights_lib, "REGISTRY", (entry,))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    cached = tmp_path / "keras_home" / "models" / "Tiny_8-test.npz"
+
+    model = keras_vit.VisionTransformer("Ti/16", **TINY_ARCH, weights="test-tag", input_shape=(32, 32, 3),
+                                        classes=10, classifier_activation=None)
+    assert cached.read_bytes() == source.read_bytes()
+    mtime = cached.stat().st_mtime_ns
+    source.unlink()  # a second build must use the cache
+    again = keras_vit.VisionTransformer("Ti/16", **TINY_ARCH, weights="test-tag", input_shape=(32, 32, 3),
+                                        classes=10, classifier_activation=None)
+    assert cached.stat().st_mtime_ns == mtime
+    x = images(32, 32)
+    np.testing.assert_array_equal(logits(again, x), logits(model, x))
+    np.testing.assert_array_equal(logits(model, x), logits(build(path), x))
+
+
+@pytest.mark.parametrize("checkpoint, args, arch, size", [
+    ("vit", ["--image-size", "48"], TINY_ARCH, (48, 48)),
+    ("hybrid", [], HYBRID_ARCH, (32, 32)),
+])
+def test_converter_round_trip(checkpoint, args, arch, size, vit_file, hybrid_file, tmp_path, capsys):
+    path = {"vit": vit_file, "hybrid": hybrid_file}[checkpoint][0]
+    out = str(tmp_path / "model.weights.h5")
+    assert convert.main([path, out, *args]) == 0
+    assert "max abs difference 0," in capsys.readouterr().out
+    x = images(*size, batch=1)
+    np.testing.assert_array_equal(logits(build(out, size, arch=arch), x), logits(build(path, size, arch=arch), x))
+
+
+def test_converter_with_registered_variant(tmp_path, capsys):
+    arrays = ckpt.vit_checkpoint(patch=16, hidden=192, mlp=768, heads=3, layers=12, grid=2, classes=1000)
+    path = ckpt.save(tmp_path / "ti16.npz", arrays)
+    out = str(tmp_path / "ti16.weights.h5")
+    assert convert.main([path, out, "--variant", "Ti/16", "--image-size", "48"]) == 0
+    assert "max abs difference 0," in capsys.readouterr().out
+    x = images(48, 48, batch=1)
+    np.testing.assert_allclose(logits(keras_vit.ViTTi16(weights=out, input_shape=(48, 48, 3),
+                                                         classifier_activation=None), x),
+                               ref_logits(arrays, x), atol=1e-4, rtol=0)
+
+
+def test_converter_rejects_wrong_variant(vit_file, tmp_path):
+    with pytest.raises(ValueError, match=r"checkpoint: hidden size 48, 2 encoder blocks; "
+                                         r"model: hidden size 192, 12 encoder blocks"):
+        convert.main([vit_file[0], str(tmp_path / "x.weights.h5"), "--variant", "Ti/16"])
+
+
+def test_converter_help():
+    result = subprocess.run([sys.executable, "-m", "keras_vit.convert", "--help"], capture_output=True, text=True,
+                            timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert result.returncode == 0
+    assert "--variant" in result.stdout and "--image-size" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# ImageNet helpers
+# ---------------------------------------------------------------------------------------
+
+
+def test_decode_predictions():
+    index = json.load(open(keras_vit.imagenet.CLASS_INDEX_PATH))
+    wnids = [index[str(i)][0] for i in range(1000)]
+    assert len(index) == 1000 and wnids == sorted(set(wnids))
+    preds = np.zeros((2, 1000), "float32")
+    preds[0, [1, 2]] = [0.7, 0.2]
+    preds[1, 0] = 1.0
+    decoded = keras_vit.decode_predictions(preds, top=2)
+    assert decoded[0] == [("n01443537", "goldfish", pytest.approx(0.7)),
+                          ("n01484850", "great_white_shark", pytest.approx(0.2))]
+    assert decoded[1][0] == ("n01440764", "tench", 1.0)
+    with pytest.raises(ValueError, match=r"shape \(samples, 1000\). Received shape: \(2, 10\)"):
+        keras_vit.decode_predictions(np.zeros((2, 10)))
+
+
+def test_preprocess_input_matches_built_in_preprocessing(vit_file):
+    x = images(32, 32)
+    np.testing.assert_allclose(np.asarray(keras_vit.preprocess_input(np.array([0.0, 127.5, 255.0]))), [-1, 0, 1])
+    raw = build(vit_file[0])
+    scaled = build(vit_file[0], include_preprocessing=False)
+    np.testing.assert_allclose(logits(scaled, keras_vit.preprocess_input(x)), logits(raw, x), atol=1e-5)
