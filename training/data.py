@@ -26,7 +26,7 @@ class Source:
     """One split of a dataset before preprocessing."""
 
     dataset: tf.data.Dataset  # (image uint8/float (H, W, C), int label)
-    num_examples: int
+    num_examples: int | None  # None if the dataset does not say.
     num_classes: int
     shard_policy: tf.data.experimental.AutoShardPolicy
     skipped: int = 0  # Corrupt files left out.
@@ -122,7 +122,11 @@ def tfds_source(name: str, split: str, data_dir: str | None, download: bool, shu
     except AssertionError as error:  # TFDS raises AssertionError("Dataset ... not found ...").
         raise FileNotFoundError(f"TFDS dataset {name!r} is not prepared in {builder.data_dir!r} and download=False. "
                                 f"Prepare it there or set download=True. ({error})") from None
-    return Source(dataset, builder.info.splits[split].num_examples, builder.info.features["label"].num_classes,
+    try:
+        num_examples = builder.info.splits[split].num_examples
+    except KeyError:  # No split metadata (e.g. under tfds.testing.mock_data): size unknown.
+        num_examples = None
+    return Source(dataset, num_examples, builder.info.features["label"].num_classes,
                   tf.data.experimental.AutoShardPolicy.AUTO)
 
 
@@ -207,8 +211,8 @@ class Datasets:
     train: tf.data.Dataset  # Repeats forever: `model.fit` needs `steps_per_epoch`.
     eval: tf.data.Dataset
     num_classes: int
-    num_train_examples: int
-    num_eval_examples: int
+    num_train_examples: int | None
+    num_eval_examples: int | None
     skipped: int  # Corrupt files left out of both splits.
 
 
@@ -230,6 +234,8 @@ def make_datasets(config: Config) -> Datasets:
         train_ds = train_ds.map(augment, num_parallel_calls=AUTOTUNE)
     eval_ds = evaluation.dataset.map(_eval_map(config, train.num_classes), num_parallel_calls=AUTOTUNE)
     eval_ds = eval_ds.batch(config.batch_size)
-    return Datasets(_finish(train_ds, train.shard_policy), _finish(eval_ds, evaluation.shard_policy),
+    # Evaluation is not sharded: every worker runs the same number of steps over all of it (uneven
+    # shards would leave one worker waiting in a collective), and the replica means agree.
+    return Datasets(_finish(train_ds, train.shard_policy), _finish(eval_ds, tf.data.experimental.AutoShardPolicy.OFF),
                     train.num_classes, train.num_examples, evaluation.num_examples,
                     train.skipped + evaluation.skipped)

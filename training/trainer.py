@@ -171,8 +171,10 @@ def make_callbacks(config: Config, workdir: str, outdir: str, worker: int) -> li
 # === Entry point ===
 
 
-def _schedule(config: Config, num_train_examples: int) -> tuple[int, int]:
+def _schedule(config: Config, num_train_examples: int | None) -> tuple[int, int]:
     """(steps_per_epoch, epochs) from the config and the training split size."""
+    if not config.steps_per_epoch and num_train_examples is None:
+        raise ValueError(f"The size of {config.dataset!r} split {config.train_split!r} is unknown: set steps_per_epoch.")
     steps = config.steps_per_epoch or max(num_train_examples // config.batch_size, 1)
     epochs = math.ceil(config.total_steps / steps) if config.total_steps else config.epochs
     return steps, epochs
@@ -204,7 +206,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
     datasets = data_lib.make_datasets(config)
     steps_per_epoch, epochs = _schedule(config, datasets.num_train_examples)
     logging.info("Config: %s", dataclasses.asdict(config))
-    logging.info("Strategy %s with %d replicas; %d train / %d eval examples, %d classes; %d epochs x %d steps.",
+    logging.info("Strategy %s with %d replicas; %s train / %s eval examples, %d classes; %d epochs x %d steps.",
                  type(strategy).__name__, strategy.num_replicas_in_sync, datasets.num_train_examples,
                  datasets.num_eval_examples, datasets.num_classes, epochs, steps_per_epoch)
     previous_policy = keras.mixed_precision.global_policy()
