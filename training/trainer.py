@@ -157,8 +157,9 @@ def make_callbacks(config: Config, workdir: str, outdir: str, worker: int) -> li
     monitor = "val_top1" if config.validate else "top1"
     return [
         StopOnNaN(outdir),
+        # double_checkpoint: a kill while the backup is written leaves the previous one to restore.
         keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup", f"worker_{worker}"),
-                                         save_freq=config.backup_every_steps or "epoch"),
+                                         save_freq=config.backup_every_steps or "epoch", double_checkpoint=True),
         RunLog(os.path.join(outdir, "train_log.jsonl")),
         keras.callbacks.ModelCheckpoint(os.path.join(checkpoints, "last.weights.h5"), save_weights_only=True),
         keras.callbacks.ModelCheckpoint(os.path.join(checkpoints, "best.weights.h5"), save_weights_only=True,
