@@ -188,16 +188,18 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
 
 
 def _finetune_loss_falls(tmp_path, weights: str, image_size: int) -> None:
-    config = tiny_config(f"weights={weights}", f"image_size={image_size}", "epochs=3", "steps_per_epoch=4",
-                         "recipe=finetune", "optimizer=sgd", "lr=0.5", "weight_decay=0", "warmup_steps=1",
-                         "shuffle_buffer=2000")
+    config = tiny_config(f"weights={weights}", f"image_size={image_size}", "epochs=4", "steps_per_epoch=8",
+                         "recipe=finetune", "optimizer=sgd", "lr=0.03", "weight_decay=0", "warmup_steps=1",
+                         "shuffle_buffer=2000", "inception_crop=false")
     trainer.train_and_evaluate(config, str(tmp_path / "ft"), verbose=0)
     with open(tmp_path / "ft" / "history.csv") as f:
         losses = [float(row["loss"]) for row in csv.DictReader(f)]
-    assert losses[-1] < losses[0] - 0.05, losses
+    # The zero-initialized head starts at exactly ln(10) = 2.303.
+    assert losses[-1] < losses[0] - 0.15 and losses[-1] < np.log(10) - 0.2, losses
 
 
 def test_finetune_from_weights_h5_new_zero_head_and_loss_falls(tmp_path):
+    keras.utils.set_random_seed(1)
     backbone = keras_vit.VisionTransformer(patch_size=8, hidden_dim=16, mlp_dim=32, num_heads=2, num_layers=1,
                                            include_top=False, pooling="token", input_shape=(16, 16, 3))
     path = str(tmp_path / "backbone.weights.h5")
@@ -332,7 +334,7 @@ def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
 def test_cli_help_explains_every_flag():
     result = subprocess.run([sys.executable, "-m", "training.train", "--help"], env=_env(), capture_output=True,
                             text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode in (0, 1), result.stderr  # absl exits with 1 after printing --help.
     for flag in ("--config", "--override", "--workdir", "--strategy", "--tpu", "--verbose"):
         assert flag in result.stdout
     assert "multiworker" in result.stdout and "key=value" in result.stdout
