@@ -335,6 +335,32 @@ def test_cli_help_explains_every_flag():
     result = subprocess.run([sys.executable, "-m", "training.train", "--help"], env=_env(), capture_output=True,
                             text=True, timeout=60)
     assert result.returncode in (0, 1), result.stderr  # absl exits with 1 after printing --help.
-    for flag in ("--config", "--override", "--workdir", "--strategy", "--tpu", "--verbose"):
+    for flag in ("--config", "--override", "--workdir", "--strategy", "--tpu", "--verbose", "--[no]print_config"):
         assert flag in result.stdout
     assert "multiworker" in result.stdout and "key=value" in result.stdout
+
+
+def test_cli_print_config_applies_overrides(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "training.train", "--config=finetune", f"--workdir={tmp_path}",
+                             "--override=lr=0.01", "--print_config"], env=_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)
+    assert (config["recipe"], config["optimizer"], config["lr"]) == ("finetune", "sgd", 0.01)
+
+
+@pytest.mark.parametrize("tf_config, expected", [
+    (None, 0),
+    ({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}, 1),
+    ({"cluster": {"chief": ["c:1"], "worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}, 0),
+    ({"cluster": {"chief": ["c:1"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}, 1),
+])
+def test_worker_index_is_unique_per_process(monkeypatch, tf_config, expected):
+    from training import distribute
+
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    assert distribute.worker_index() == expected
+    assert distribute.is_chief() == (expected == 0)

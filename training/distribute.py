@@ -17,6 +17,8 @@ other call is the parent's. Nothing else is patched, and no other strategy is to
 
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
 STRATEGIES = ("auto", "default", "mirrored", "multiworker", "tpu")
@@ -65,8 +67,6 @@ def get_strategy(name: str, tpu: str = "") -> tf.distribute.Strategy:
 
 
 def _auto_strategy_name(tpu: str) -> str:
-    import os
-
     if tpu:
         return "tpu"
     if os.environ.get("TF_CONFIG"):
@@ -84,14 +84,15 @@ def check_global_batch(global_batch_size: int, strategy: tf.distribute.Strategy)
 
 
 def worker_index() -> int:
-    """This process's task index in `TF_CONFIG` (0 without a cluster)."""
+    """This process's index among the training processes of `TF_CONFIG`: 0 for the chief (or worker 0
+    when there is no chief task), distinct for every other worker; 0 without a cluster."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return int(resolver.task_id or 0) if resolver.cluster_spec().as_dict() else 0
+    cluster = resolver.cluster_spec().as_dict()
+    if not cluster or resolver.task_type == "chief":
+        return 0
+    return int(resolver.task_id) + (1 if "chief" in cluster else 0)
 
 
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
-    """True on the one process that writes shared outputs (the only process outside multi-worker)."""
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return strategy.cluster_resolver.task_type in ("chief", None) or (
-            strategy.cluster_resolver.task_type == "worker" and strategy.cluster_resolver.task_id == 0)
-    return True
+def is_chief() -> bool:
+    """True on the one process that writes the shared outputs (the only process outside multi-worker)."""
+    return worker_index() == 0

@@ -10,6 +10,7 @@ Run the same command again after a crash to resume from `workdir/backup/`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 
@@ -35,6 +36,8 @@ _TPU = flags.DEFINE_string("tpu", "", "TPU address for --strategy=tpu: 'local' o
                            "grpc:// address.")
 _VERBOSE = flags.DEFINE_integer("verbose", 1, "Keras progress output: 0 silent, 1 progress bar, 2 one line "
                                 "per epoch.")
+_PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the recipe with the overrides applied (field "
+                                  "meanings: training/configs.py) as JSON and exit without training.")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -47,6 +50,9 @@ def main(argv: list[str]) -> None:
 
     logging.getLogger().setLevel(logging.INFO)
     config = configs.apply_overrides(configs.get_config(_CONFIG.value), _OVERRIDE.value)
+    if _PRINT_CONFIG.value:
+        print(json.dumps(dataclasses.asdict(config), indent=2))
+        return
     strategy = distribute.get_strategy(_STRATEGY.value, _TPU.value)
     logging.info("Devices: %s", [device.name for device in tf.config.list_logical_devices()])
     summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)

@@ -201,7 +201,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
         raise ValueError(f"Unknown precision {config.precision!r}. Expected one of {sorted(PRECISIONS)}.")
     distribute.check_global_batch(config.batch_size, strategy)
     worker = distribute.worker_index()
-    outdir = workdir if distribute.is_chief(strategy) else os.path.join(workdir, f"worker_{worker}")
+    outdir = workdir if distribute.is_chief() else os.path.join(workdir, f"worker_{worker}")
     os.makedirs(outdir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)
     datasets = data_lib.make_datasets(config)
