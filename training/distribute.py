@@ -96,3 +96,21 @@ def worker_index() -> int:
 def is_chief() -> bool:
     """True on the one process that writes the shared outputs (the only process outside multi-worker)."""
     return worker_index() == 0
+
+
+class AllReducedClipping:
+    """Optimizer mixin: `global_clipnorm` on the gradient summed over replicas, as in the paper.
+
+    Keras 3.15 clips inside each replica before the all-reduce (`BaseOptimizer.apply` calls
+    `_clip_gradients` on the replica's share), so with N replicas each share of about 1/N of the
+    gradient is clipped on its own norm. This sums the shares first (one extra all-reduce), takes
+    the global norm of the sum and scales every share by the same factor.
+    """
+
+    def _clip_gradients(self, grads):
+        context = tf.distribute.get_replica_context()
+        if not self.global_clipnorm or context is None or context.num_replicas_in_sync == 1:
+            return super()._clip_gradients(grads)
+        norm = tf.linalg.global_norm(context.all_reduce(tf.distribute.ReduceOp.SUM, grads))
+        scale = tf.minimum(1.0, self.global_clipnorm / tf.maximum(norm, 1e-12))
+        return [g * tf.cast(scale, g.dtype) for g in grads]

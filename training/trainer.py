@@ -58,6 +58,16 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         return dict(peak=self.peak, warmup_steps=self.warmup_steps, total_steps=self.total_steps, decay=self.decay)
 
 
+@keras.saving.register_keras_serializable(package="keras_vit_training")
+class AdamW(distribute.AllReducedClipping, keras.optimizers.AdamW):
+    """keras.optimizers.AdamW clipping the all-reduced gradient under tf.distribute."""
+
+
+@keras.saving.register_keras_serializable(package="keras_vit_training")
+class SGD(distribute.AllReducedClipping, keras.optimizers.SGD):
+    """keras.optimizers.SGD clipping the all-reduced gradient under tf.distribute."""
+
+
 def build_model(config: Config, num_classes: int) -> keras.Model:
     """The ViT of `config`, returning logits, with `weights=config.weights` passed to the builder.
 
@@ -91,9 +101,9 @@ def make_optimizer(config: Config, total_steps: int) -> keras.optimizers.Optimiz
     common = dict(learning_rate=schedule, global_clipnorm=config.global_clipnorm or None,
                   gradient_accumulation_steps=config.grad_accum_steps if config.grad_accum_steps > 1 else None)
     if config.optimizer == "adamw":
-        return keras.optimizers.AdamW(weight_decay=config.weight_decay, beta_1=config.b1, beta_2=config.b2, **common)
+        return AdamW(weight_decay=config.weight_decay, beta_1=config.b1, beta_2=config.b2, **common)
     if config.optimizer == "sgd":
-        return keras.optimizers.SGD(momentum=config.momentum, weight_decay=config.weight_decay or None, **common)
+        return SGD(momentum=config.momentum, weight_decay=config.weight_decay or None, **common)
     raise ValueError(f"Unknown optimizer {config.optimizer!r}. Expected 'adamw' or 'sgd'.")
 
 
