@@ -88,10 +88,11 @@ def _finetune() -> Config:
 def _digits() -> Config:
     """A small ViT from scratch on scikit-learn's 8x8 digits at 32 px: what `python demo.py` runs."""
     return dataclasses.replace(
-        Config(), variant="", patch_size=4, hidden_dim=96, mlp_dim=192, num_heads=4, num_layers=4,
+        Config(), variant="", patch_size=4, hidden_dim=64, mlp_dim=128, num_heads=4, num_layers=4,
         representation_size=0, dropout_rate=0.0, image_size=32, dataset="digits", train_split="train",
         eval_split="test", shuffle_buffer=2048, inception_crop=True, crop_min_area=0.6, random_flip=False,
-        lr=2e-3, weight_decay=0.05, warmup_steps=100, batch_size=64, epochs=30, validate=False)
+        lr=2e-3, weight_decay=0.05, warmup_steps=100, batch_size=64, epochs=45, label_smoothing=0.1,
+        validate=False)
 
 
 RECIPES = {"pretrain": _pretrain, "finetune": _finetune, "digits": _digits}
