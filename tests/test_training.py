@@ -119,6 +119,24 @@ def test_digits_pipeline_shapes_and_split():
         1437, 360)
 
 
+def test_randaugment_and_mixup_give_soft_labels():
+    datasets = data.make_datasets(tiny_config("randaugment=true", "mixup_alpha=0.4"))
+    images, labels = next(iter(datasets.train))
+    assert images.shape == (16, 16, 16, 3) and np.all(np.isfinite(images))
+    np.testing.assert_allclose(tf.reduce_sum(labels, axis=-1), 1.0, rtol=1e-5)
+    assert float(tf.reduce_min(tf.reduce_max(labels, axis=-1))) < 1.0 - 1e-6  # Some labels were mixed.
+
+
+def test_bfloat16_sigmoid_label_smoothing_run(tmp_path):
+    summary = trainer.train_and_evaluate(
+        tiny_config("precision=bfloat16", "loss=sigmoid", "label_smoothing=0.1", "epochs=1"), str(tmp_path),
+        verbose=0)
+    assert np.isfinite(summary["loss"]) and summary["optimizer_iterations"] == 3
+    assert keras.mixed_precision.global_policy().name == "float32"  # Restored after the run.
+    model = keras.saving.load_model(summary["model_path"], compile=False)
+    assert model.get_layer("encoderblock_0").compute_dtype == "bfloat16" and model.output.dtype == "float32"
+
+
 def test_inception_crop_returns_requested_size():
     crop = data.inception_crop(tf.random.uniform((40, 30, 3)), size=24, min_area=0.05)
     assert crop.shape == (24, 24, 3)

@@ -229,7 +229,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
                           metrics=[keras.metrics.CategoricalAccuracy(name="top1"),
                                    keras.metrics.TopKCategoricalAccuracy(min(5, datasets.num_classes), name="top5")])
         nan_guard, *standard = make_callbacks(config, workdir, outdir, worker)
-        model.fit(datasets.train, epochs=epochs, steps_per_epoch=steps_per_epoch,
+        model.fit(datasets.train, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,  # tf.data shuffles.
                   validation_data=datasets.eval if config.validate else None,
                   callbacks=[nan_guard, *callbacks, *standard], verbose=verbose)
         results = model.evaluate(datasets.eval, return_dict=True, verbose=0)
