@@ -85,17 +85,17 @@ def folder_source(root: str, split: str, class_names: list[str] | None = None) -
         paths += [os.path.join(class_dir, f) for f in files]
         labels += [label] * len(files)
     if not paths:
-        raise ValueError(f"Image folder {split_dir!r} has no images: expected <class>/*{{{','.join(IMAGE_EXTENSIONS)}}} "
-                         f"in class subfolders, found subfolders {found}.")
+        extensions = ",".join(IMAGE_EXTENSIONS)
+        raise ValueError(f"Image folder {split_dir!r} has no images: expected <class>/*{{{extensions}}} in class "
+                         f"subfolders, found subfolders {found}.")
     with futures.ThreadPoolExecutor(8) as pool:
         readable = list(pool.map(_readable_image, paths))
     bad = [path for path, ok in zip(paths, readable) if not ok]
     if bad:
         logging.warning("Skipping %d corrupt image(s) in %s, e.g. %s", len(bad), split_dir, bad[:3])
-    paths, labels = zip(*[(p, l) for p, l, ok in zip(paths, labels, readable) if ok]) if len(bad) < len(paths) \
-        else ((), ())
-    if not paths:
+    if len(bad) == len(paths):
         raise ValueError(f"Image folder {split_dir!r}: all {len(bad)} images are corrupt.")
+    paths, labels = zip(*[(path, label) for path, label, ok in zip(paths, labels, readable) if ok])
 
     def decode(path, label):
         image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)

@@ -185,7 +185,8 @@ def make_callbacks(config: Config, workdir: str, outdir: str, worker: int) -> li
 def _schedule(config: Config, num_train_examples: int | None) -> tuple[int, int]:
     """(steps_per_epoch, epochs) from the config and the training split size."""
     if not config.steps_per_epoch and num_train_examples is None:
-        raise ValueError(f"The size of {config.dataset!r} split {config.train_split!r} is unknown: set steps_per_epoch.")
+        raise ValueError(f"The size of {config.dataset!r} split {config.train_split!r} is unknown: "
+                         "set steps_per_epoch.")
     steps = config.steps_per_epoch or max(num_train_examples // config.batch_size, 1)
     epochs = math.ceil(config.total_steps / steps) if config.total_steps else config.epochs
     return steps, epochs
