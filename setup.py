@@ -5,7 +5,8 @@ from setuptools import find_packages, setup
 EXTRAS = {
     # Training: input pipelines (TFDS; importlib-resources is an undeclared need of tfds 4.9.10),
     # absl flags, and the embedded digits dataset shipped inside scikit-learn.
-    "training": ["tensorflow-datasets==4.9.10", "importlib-resources>=6", "absl-py>=2.1", "scikit-learn>=1.5"],
+    "training": ["tensorflow-datasets==4.9.10", "tensorboard==2.21.0", "importlib-resources>=6", "absl-py>=2.1",
+                 "scikit-learn>=1.5"],
     # Export: the LiteRT interpreter (tf.lite.Interpreter is deprecated) and TF Serving's protos.
     "export": ["ai-edge-litert>=2.0", "tensorflow-serving-api==2.21.0", "absl-py>=2.1"],
     # Inspection plots.

@@ -1,0 +1,385 @@
+"""Tests for `training/`: recipes, input pipelines, strategies, resume, NaN stop, fine-tuning, CLI.
+
+Tiny models and a few steps each; the multi-worker, mirrored and resume tests run subprocesses.
+No test touches the network.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_vit
+from training import configs, data, trainer
+from training.configs import Config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["variant=", "patch_size=8", "hidden_dim=16", "mlp_dim=32", "num_heads=2", "num_layers=1", "image_size=16",
+        "batch_size=16", "epochs=2", "steps_per_epoch=3", "warmup_steps=2", "validate=false", "shuffle_buffer=64"]
+
+
+def tiny_config(*overrides: str, recipe: str = "digits") -> Config:
+    return configs.apply_overrides(configs.get_config(recipe), [*TINY, *overrides])
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _cli(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
+    return [sys.executable, "-m", "training.train", "--config=digits", f"--workdir={workdir}", "--verbose=0",
+            *extra, *[f"--override={item}" for item in [*TINY, *overrides]]]
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _weights(path: str) -> list[np.ndarray]:
+    return keras.saving.load_model(path, compile=False).get_weights()
+
+
+def _write_images(folder, count: int, seed: int = 0) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(os.path.join(folder, f"{i}.png"))
+
+
+# === Configs, schedule, optimizer ===
+
+
+def test_overrides_parse_types_and_reject_unknown_fields():
+    config = configs.apply_overrides(configs.get_config("finetune"), ["lr=0.01", "validate=false", "weights=/x.npz"])
+    assert (config.lr, config.validate, config.weights, config.optimizer) == (0.01, False, "/x.npz", "sgd")
+    with pytest.raises(ValueError, match="Unknown config field 'learning_rate'"):
+        configs.apply_overrides(config, ["learning_rate=1"])
+    with pytest.raises(ValueError, match="expected a int"):
+        configs.apply_overrides(config, ["batch_size=big"])
+    with pytest.raises(ValueError, match="Unknown config 'imagenet'"):
+        configs.get_config("imagenet")
+
+
+def test_paper_defaults():
+    pretrain, finetune = configs.get_config("pretrain"), configs.get_config("finetune")
+    assert (pretrain.optimizer, pretrain.b1, pretrain.b2, pretrain.global_clipnorm) == ("adamw", 0.9, 0.999, 1.0)
+    assert (finetune.optimizer, finetune.momentum, finetune.weight_decay, finetune.decay) == ("sgd", 0.9, 0.0, "cosine")
+    assert (finetune.warmup_steps, finetune.batch_size * finetune.grad_accum_steps) == (500, 512)
+
+
+@pytest.mark.parametrize("decay, middle", [("cosine", 0.5), ("linear", 0.5)])
+def test_warmup_then_decay(decay, middle):
+    schedule = trainer.WarmupDecay(2.0, warmup_steps=10, total_steps=110, decay=decay)
+    values = [float(schedule(step)) for step in (0, 5, 10, 60, 110)]
+    np.testing.assert_allclose(values, [0.0, 1.0, 2.0, 2.0 * middle, 0.0], atol=1e-6)
+
+
+def test_gradient_accumulation_updates_every_second_step():
+    model = trainer.build_model(tiny_config(), num_classes=10)
+    model.compile(trainer.make_optimizer(tiny_config("grad_accum_steps=2", "warmup_steps=0"), total_steps=10),
+                  trainer.make_loss(tiny_config()))
+    x, y = np.full((4, 16, 16, 3), 100.0, "float32"), np.eye(10, dtype="float32")[:4]
+    start = model.get_weights()
+    model.train_on_batch(x, y)
+    assert int(model.optimizer.iterations) == 0
+    assert all(np.array_equal(a, b) for a, b in zip(start, model.get_weights()))
+    model.train_on_batch(x, y)
+    assert int(model.optimizer.iterations) == 1
+    assert not all(np.array_equal(a, b) for a, b in zip(start, model.get_weights()))
+
+
+# === Input pipelines and bad input ===
+
+
+def test_digits_pipeline_shapes_and_split():
+    datasets = data.make_datasets(tiny_config())
+    images, labels = next(iter(datasets.train))
+    assert images.shape == (16, 16, 16, 3) and labels.shape == (16, 10)
+    assert float(tf.reduce_max(images)) <= 255.0 and (datasets.num_train_examples, datasets.num_eval_examples) == (
+        1437, 360)
+
+
+def test_randaugment_and_mixup_give_soft_labels():
+    datasets = data.make_datasets(tiny_config("randaugment=true", "mixup_alpha=0.4"))
+    images, labels = next(iter(datasets.train))
+    assert images.shape == (16, 16, 16, 3) and np.all(np.isfinite(images))
+    np.testing.assert_allclose(tf.reduce_sum(labels, axis=-1), 1.0, rtol=1e-5)
+    assert float(tf.reduce_min(tf.reduce_max(labels, axis=-1))) < 1.0 - 1e-6  # Some labels were mixed.
+
+
+def test_bfloat16_sigmoid_label_smoothing_run(tmp_path):
+    summary = trainer.train_and_evaluate(
+        tiny_config("precision=bfloat16", "loss=sigmoid", "label_smoothing=0.1", "epochs=1"), str(tmp_path),
+        verbose=0)
+    assert np.isfinite(summary["loss"]) and summary["optimizer_iterations"] == 3
+    assert keras.mixed_precision.global_policy().name == "float32"  # Restored after the run.
+    model = keras.saving.load_model(summary["model_path"], compile=False)
+    assert model.get_layer("encoderblock_0").compute_dtype == "bfloat16" and model.output.dtype == "float32"
+
+
+def test_inception_crop_returns_requested_size():
+    crop = data.inception_crop(tf.random.uniform((40, 30, 3)), size=24, min_area=0.05)
+    assert crop.shape == (24, 24, 3)
+
+
+def test_unknown_dataset_fails_fast_even_with_download():
+    start = time.time()
+    with pytest.raises(ValueError, match="Unknown dataset 'no_such_dataset_xyz'"):
+        data.make_datasets(tiny_config("dataset=no_such_dataset_xyz", "download=true"))
+    assert time.time() - start < 30
+
+
+def test_tfds_not_prepared_fails_fast(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not prepared .* download=False"):
+        data.make_datasets(tiny_config("dataset=mnist", f"data_dir={tmp_path}", "download=false"))
+
+
+def test_tfds_by_name_with_mock_data(tmp_path):
+    import tensorflow_datasets as tfds
+
+    config = tiny_config("dataset=cifar10", "train_split=train[:98%]", f"data_dir={tmp_path}", "download=false",
+                         "batch_size=4")
+    with tfds.testing.mock_data(num_examples=8):
+        datasets = data.make_datasets(config)
+        images, labels = next(iter(datasets.train))
+    assert images.shape == (4, 16, 16, 3) and labels.shape == (4, 10) and datasets.num_classes == 10
+
+
+def test_empty_and_missing_image_folders(tmp_path):
+    os.makedirs(tmp_path / "train" / "cat")
+    with pytest.raises(ValueError, match="has no images"):
+        data.folder_source(str(tmp_path), "train")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        data.folder_source(str(tmp_path), "test")
+
+
+def test_image_folder_trains_and_counts_corrupt_images(tmp_path):
+    for split, count in (("train", 6), ("test", 2)):
+        for name in ("cat", "dog"):
+            _write_images(tmp_path / "images" / split / name, count)
+    (tmp_path / "images" / "train" / "dog" / "broken.jpg").write_bytes(b"not an image at all")
+    config = tiny_config("dataset=folder", f"data_dir={tmp_path / 'images'}", "batch_size=4", "epochs=1",
+                         "steps_per_epoch=2", "random_flip=true")
+    summary = trainer.train_and_evaluate(config, str(tmp_path / "run"), verbose=0)
+    assert summary["skipped_examples"] == 1 and summary["num_eval_examples"] == 4
+    assert json.load(open(summary["eval_path"]))["top5"] == 1.0  # Two classes: top-5 is always right.
+    assert os.path.exists(tmp_path / "run" / "checkpoints" / "last.weights.h5")
+    assert os.listdir(tmp_path / "run" / "tensorboard")
+
+
+def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
+    class PoisonWeights(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                self.model.get_layer("head").kernel.assign(np.full(self.model.get_layer("head").kernel.shape, np.nan))
+
+    with pytest.raises(trainer.NaNLossError, match=r"Loss became nan at epoch 2, batch 1"):
+        trainer.train_and_evaluate(tiny_config("epochs=3"), str(tmp_path), callbacks=[PoisonWeights()], verbose=0)
+    assert os.listdir(tmp_path / "backup" / "worker_0")  # The epoch-1 backup survives for a restart.
+    model = trainer.build_model(tiny_config(), num_classes=10)
+    model.load_weights(str(tmp_path / "checkpoints" / "last.weights.h5"))
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    assert not os.path.exists(tmp_path / "model.keras")
+
+
+# === Fine-tuning ===
+
+
+def _finetune_loss_falls(tmp_path, weights: str, image_size: int) -> None:
+    config = tiny_config(f"weights={weights}", f"image_size={image_size}", "epochs=4", "steps_per_epoch=8",
+                         "recipe=finetune", "optimizer=sgd", "lr=0.03", "weight_decay=0", "warmup_steps=1",
+                         "shuffle_buffer=2000", "inception_crop=false")
+    trainer.train_and_evaluate(config, str(tmp_path / "ft"), verbose=0)
+    with open(tmp_path / "ft" / "history.csv") as f:
+        losses = [float(row["loss"]) for row in csv.DictReader(f)]
+    # The zero-initialized head starts at exactly ln(10) = 2.303.
+    assert losses[-1] < losses[0] - 0.15 and losses[-1] < np.log(10) - 0.2, losses
+
+
+def test_finetune_from_weights_h5_new_zero_head_and_loss_falls(tmp_path):
+    keras.utils.set_random_seed(1)
+    backbone = keras_vit.VisionTransformer(patch_size=8, hidden_dim=16, mlp_dim=32, num_heads=2, num_layers=1,
+                                           include_top=False, pooling="token", input_shape=(16, 16, 3))
+    path = str(tmp_path / "backbone.weights.h5")
+    backbone.save_weights(path)
+    model = trainer.build_model(tiny_config(f"weights={path}", "recipe=finetune"), num_classes=7)
+    assert model.output.shape == (None, 7) and not model.get_layer("head").kernel.numpy().any()
+    np.testing.assert_array_equal(model.get_layer("embedding").get_weights()[0],
+                                  backbone.get_layer("embedding").get_weights()[0])
+    _finetune_loss_falls(tmp_path, path, image_size=16)
+
+
+def _write_original_npz(path: str, hidden: int = 16, mlp: int = 32, heads: int = 2, patch: int = 8,
+                        grid: int = 2) -> None:
+    """A random checkpoint in the original vit_jax `.npz` layout (REFERENCE.md section 3), one block."""
+    rng = np.random.default_rng(0)
+    head_dim = hidden // heads
+    shapes = {"embedding/kernel": (patch, patch, 3, hidden), "embedding/bias": (hidden,), "cls": (1, 1, hidden),
+              "Transformer/posembed_input/pos_embedding": (1, grid * grid + 1, hidden),
+              "Transformer/encoder_norm/scale": (hidden,), "Transformer/encoder_norm/bias": (hidden,),
+              "pre_logits/kernel": (hidden, hidden), "pre_logits/bias": (hidden,),
+              "head/kernel": (hidden, 21843), "head/bias": (21843,)}
+    block = "Transformer/encoderblock_0/"
+    for norm in ("LayerNorm_0", "LayerNorm_2"):
+        shapes.update({f"{block}{norm}/scale": (hidden,), f"{block}{norm}/bias": (hidden,)})
+    for name in ("query", "key", "value"):
+        shapes.update({f"{block}MultiHeadDotProductAttention_1/{name}/kernel": (hidden, heads, head_dim),
+                       f"{block}MultiHeadDotProductAttention_1/{name}/bias": (heads, head_dim)})
+    shapes.update({f"{block}MultiHeadDotProductAttention_1/out/kernel": (heads, head_dim, hidden),
+                   f"{block}MultiHeadDotProductAttention_1/out/bias": (hidden,),
+                   f"{block}MlpBlock_3/Dense_0/kernel": (hidden, mlp), f"{block}MlpBlock_3/Dense_0/bias": (mlp,),
+                   f"{block}MlpBlock_3/Dense_1/kernel": (mlp, hidden), f"{block}MlpBlock_3/Dense_1/bias": (hidden,)})
+    arrays = {key: (0.02 * rng.standard_normal(shape)).astype("float32") for key, shape in shapes.items()}
+    for key in arrays:
+        if key.endswith("scale"):
+            arrays[key] += 1.0
+    np.savez(path, **arrays)
+
+
+def test_finetune_from_original_npz_at_another_resolution(tmp_path):
+    import keras_vit.weights as weights_lib
+
+    if not hasattr(weights_lib, "resample_position_embedding"):
+        pytest.skip("needs the .npz loader with position-embedding resizing (weights branch)")
+    path = str(tmp_path / "ViT-tiny.npz")
+    _write_original_npz(path)  # Pre-trained at 16 px (2x2 patches); fine-tuned at 32 px (4x4).
+    _finetune_loss_falls(tmp_path, path, image_size=32)
+
+
+# === Strategies (subprocesses) ===
+
+MIRRORED_SCRIPT = textwrap.dedent("""
+    import sys, tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import numpy as np, keras
+    from training import configs, distribute, trainer
+    config = configs.apply_overrides(configs.get_config("digits"), sys.argv[2:])
+    mirrored = distribute.get_strategy("mirrored")
+    assert mirrored.num_replicas_in_sync == 2, mirrored.num_replicas_in_sync
+    try:
+        trainer.train_and_evaluate(configs.apply_overrides(config, ["batch_size=15"]), sys.argv[1] + "/odd",
+                                   strategy=mirrored, verbose=0)
+    except ValueError as error:
+        print("BATCH ERROR:", error)
+    weights = []
+    for name, strategy in (("default", distribute.get_strategy("default")), ("mirrored", mirrored)):
+        summary = trainer.train_and_evaluate(config, f"{sys.argv[1]}/{name}", strategy=strategy, verbose=0)
+        weights.append(keras.saving.load_model(summary["model_path"], compile=False).get_weights())
+    print("MAX DIFF:", max(float(np.max(np.abs(a - b))) for a, b in zip(*weights)))
+    keras.utils.set_random_seed(config.seed)  # The initial weights of both runs.
+    initial = trainer.build_model(config, 10).get_weights()
+    print("MAX CHANGE:", max(float(np.max(np.abs(a - b))) for a, b in zip(weights[0], initial)))
+""")
+
+
+def test_mirrored_two_cpus_matches_default_and_checks_batch(tmp_path):
+    # SGD: Adam's m / sqrt(v) would turn float rounding in near-zero gradients into full-size steps.
+    overrides = [*TINY, "inception_crop=false", "shuffle_buffer=0", "epochs=1", "steps_per_epoch=4",
+                 "optimizer=sgd", "lr=0.1", "weight_decay=0", "global_clipnorm=0.05"]  # Clipping active.
+    result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, str(tmp_path), *overrides], env=_env(),
+                            capture_output=True, text=True, timeout=200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "BATCH ERROR: Global batch size 15 is not divisible by the 2 replicas of MirroredStrategy" in result.stdout
+    max_diff = float(result.stdout.split("MAX DIFF:")[1].split()[0])
+    assert max_diff < 1e-5, result.stdout  # Same float32 math, summed in another order.
+    assert float(result.stdout.split("MAX CHANGE:")[1].split()[0]) > 1e-3  # Training did move the weights.
+
+
+def test_multiworker_two_processes_end_with_identical_weights(tmp_path):
+    ports = _free_ports(2)
+    processes = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+                     "task": {"type": "worker", "index": index}}
+        processes.append(subprocess.Popen(
+            _cli(tmp_path, "epochs=2", "steps_per_epoch=3", "validate=true", extra=("--strategy=multiworker",)),
+            env={**_env(), "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True))
+    outputs = []
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=200)[0])
+        finally:
+            process.kill()
+    assert [p.returncode for p in processes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    chief, other = _weights(str(tmp_path / "model.keras")), _weights(str(tmp_path / "worker_1" / "model.keras"))
+    assert all(np.array_equal(a, b) for a, b in zip(chief, other))
+    assert json.load(open(tmp_path / "model.eval.json"))["optimizer_iterations"] == 6
+
+
+def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
+    command = _cli(tmp_path, "epochs=40", "steps_per_epoch=4")
+    history = tmp_path / "history.csv"
+    process = subprocess.Popen(command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if history.exists() and len(history.read_text().splitlines()) >= 3:  # Header + 2 epochs.
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "training ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=150)
+    assert result.returncode == 0, result.stderr[-3000:]
+    starts = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert starts[0] == {"initial_epoch": 0, "optimizer_iterations": 0}
+    resumed = starts[1]
+    assert resumed["initial_epoch"] >= 2 and resumed["optimizer_iterations"] == 4 * resumed["initial_epoch"]
+    assert json.load(open(tmp_path / "model.eval.json"))["optimizer_iterations"] == 160
+    assert not os.path.exists(tmp_path / "backup" / "worker_0")  # Deleted once the run completes.
+
+
+def test_cli_help_explains_every_flag():
+    result = subprocess.run([sys.executable, "-m", "training.train", "--help"], env=_env(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode in (0, 1), result.stderr  # absl exits with 1 after printing --help.
+    for flag in ("--config", "--override", "--workdir", "--strategy", "--tpu", "--verbose", "--[no]print_config"):
+        assert flag in result.stdout
+    assert "multiworker" in result.stdout and "key=value" in result.stdout
+
+
+def test_cli_print_config_applies_overrides(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "training.train", "--config=finetune", f"--workdir={tmp_path}",
+                             "--override=lr=0.01", "--print_config"], env=_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    config = json.loads(result.stdout)
+    assert (config["recipe"], config["optimizer"], config["lr"]) == ("finetune", "sgd", 0.01)
+
+
+@pytest.mark.parametrize("tf_config, expected", [
+    (None, 0),
+    ({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}, 1),
+    ({"cluster": {"chief": ["c:1"], "worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}, 0),
+    ({"cluster": {"chief": ["c:1"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}, 1),
+])
+def test_worker_index_is_unique_per_process(monkeypatch, tf_config, expected):
+    from training import distribute
+
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    assert distribute.worker_index() == expected
+    assert distribute.is_chief() == (expected == 0)
