@@ -205,8 +205,8 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
 # === Fine-tuning ===
 
 
-def _finetune_loss_falls(tmp_path, weights: str, image_size: int) -> None:
-    config = tiny_config(f"weights={weights}", f"image_size={image_size}", "epochs=4", "steps_per_epoch=8",
+def _finetune_loss_falls(tmp_path, weights: str, image_size: int, epochs: int = 4) -> None:
+    config = tiny_config(f"weights={weights}", f"image_size={image_size}", f"epochs={epochs}", "steps_per_epoch=8",
                          "recipe=finetune", "optimizer=sgd", "lr=0.03", "weight_decay=0", "warmup_steps=1",
                          "shuffle_buffer=2000", "inception_crop=false")
     trainer.train_and_evaluate(config, str(tmp_path / "ft"), verbose=0)
@@ -249,7 +249,15 @@ def _write_original_npz(path: str, hidden: int = 16, mlp: int = 32, heads: int =
                    f"{block}MultiHeadDotProductAttention_1/out/bias": (hidden,),
                    f"{block}MlpBlock_3/Dense_0/kernel": (hidden, mlp), f"{block}MlpBlock_3/Dense_0/bias": (mlp,),
                    f"{block}MlpBlock_3/Dense_1/kernel": (mlp, hidden), f"{block}MlpBlock_3/Dense_1/bias": (hidden,)})
-    arrays = {key: (0.02 * rng.standard_normal(shape)).astype("float32") for key, shape in shapes.items()}
+    def std(key: str, shape: tuple) -> float:
+        """1/sqrt(fan_in) for kernels, as a trained network's scale (0.02 everywhere would leave the
+        class token nearly independent of the image after one block); 0.02 for the rest."""
+        if not key.endswith("kernel"):
+            return 0.02
+        qkv = any(f"/{name}/kernel" in key for name in ("query", "key", "value"))
+        return float(1.0 / np.sqrt(shape[0] if qkv else np.prod(shape[:-1])))
+
+    arrays = {key: (std(key, shape) * rng.standard_normal(shape)).astype("float32") for key, shape in shapes.items()}
     for key in arrays:
         if key.endswith("scale"):
             arrays[key] += 1.0
@@ -263,7 +271,7 @@ def test_finetune_from_original_npz_at_another_resolution(tmp_path):
         pytest.skip("needs the .npz loader with position-embedding resizing (weights branch)")
     path = str(tmp_path / "ViT-tiny.npz")
     _write_original_npz(path)  # Pre-trained at 16 px (2x2 patches); fine-tuned at 32 px (4x4).
-    _finetune_loss_falls(tmp_path, path, image_size=32)
+    _finetune_loss_falls(tmp_path, path, image_size=32, epochs=8)
 
 
 # === Strategies (subprocesses) ===
