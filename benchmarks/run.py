@@ -32,7 +32,9 @@ from benchmarks import cases as cases_lib
 from benchmarks.worker import RESULT_PREFIX
 
 IMPLS = ("keras_vit", "keras_hub", "timm")
-REQUIREMENTS = {"keras_vit": ("keras_vit",), "keras_hub": ("keras_hub",), "timm": ("torch", "timm")}
+EXTRA_IMPLS = ("keras_vit_unfused",)  # opt-in with --impls: keras_vit with its fused call switched off
+REQUIREMENTS = {"keras_vit": ("keras_vit",), "keras_vit_unfused": ("keras_vit",), "keras_hub": ("keras_hub",),
+                "timm": ("torch", "timm")}
 INSTALL_HINT = {"keras_hub": "pip install keras-hub (see README, Benchmarks)",
                 "timm": "pip install torch timm (see README, Benchmarks)"}
 
@@ -245,11 +247,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="output folder")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 1)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per framework")
-    parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS))
+    parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS + EXTRA_IMPLS))
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     args = parser.parse_args(argv)
     impls = [i for i in args.impls.split(",") if i]
-    unknown = set(impls) - set(IMPLS)
+    unknown = set(impls) - set(IMPLS) - set(EXTRA_IMPLS)
     if unknown:
         parser.error(f"unknown implementations {sorted(unknown)}; expected some of {IMPLS}")
     report = run(args.quick, args.rounds or 1, args.threads, impls, [c for c in args.cases.split(",") if c])

@@ -55,7 +55,15 @@ def _keras_hub_model(arch: str, train: bool):
     return keras.Model(image, logits)
 
 
-KERAS_BUILDERS = {"keras_vit": _keras_vit_model, "keras_hub": _keras_hub_model}
+def _keras_vit_unfused_model(arch: str, train: bool):
+    """keras_vit on the plain Keras-layer path (no fused call): shows what the fused path gains."""
+    from keras_vit import layers
+    layers.FUSED_CALL = False
+    return _keras_vit_model(arch, train)
+
+
+KERAS_BUILDERS = {"keras_vit": _keras_vit_model, "keras_hub": _keras_hub_model,
+                  "keras_vit_unfused": _keras_vit_unfused_model}
 
 
 def _keras_case(impl: str, case: Case, threads: int):
