@@ -32,8 +32,11 @@ from benchmarks import cases as cases_lib
 from benchmarks.worker import RESULT_PREFIX
 
 IMPLS = ("keras_vit", "keras_hub", "timm")
-EXTRA_IMPLS = ("keras_vit_unfused",)  # opt-in with --impls: keras_vit with its fused call switched off
-REQUIREMENTS = {"keras_vit": ("keras_vit",), "keras_vit_unfused": ("keras_vit",), "keras_hub": ("keras_hub",),
+# opt-in with --impls: keras_vit with its fused call switched off; keras_vit training with
+# model.compile(jit_compile=True) (Keras leaves XLA off on CPU by default)
+EXTRA_IMPLS = ("keras_vit_unfused", "keras_vit_xla")
+REQUIREMENTS = {"keras_vit": ("keras_vit",), "keras_vit_unfused": ("keras_vit",), "keras_vit_xla": ("keras_vit",),
+                "keras_hub": ("keras_hub",),
                 "timm": ("torch", "timm")}
 INSTALL_HINT = {"keras_hub": "pip install keras-hub (see README, Benchmarks)",
                 "timm": "pip install torch timm (see README, Benchmarks)"}
@@ -44,7 +47,10 @@ def available(impl: str) -> bool:
 
 
 def _spawn(args: list[str], threads: int, timeout: float):
+    # OMP_WAIT_POLICY=PASSIVE: on a shared, loaded machine PyTorch's OpenMP threads spin in
+    # barriers and timm ran ~7x slower (ViT-Ti bs8: 1375 ms vs 207 ms); TF does not use OpenMP.
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
                    filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])))
     start = time.time()
@@ -78,6 +84,7 @@ def _machine(threads: int, quick: bool, timeout: float, measure: bool = True) ->
     except Exception:  # noqa: BLE001
         pass
     return {"cpu": cpu or platform.processor(), "cpu_count": os.cpu_count(), "threads": threads,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
             "matmul_size": size, "matmul_gflops": gflops, "versions": versions, "python": platform.python_version()}
 
 
@@ -90,6 +97,9 @@ def run(quick: bool, rounds: int, threads: int, impls: list[str], case_names: li
 
     def record(impl, case, result):
         entry = samples.setdefault((case.name, impl), {"latencies": [], "rss": [], "notes": set(), "errors": []})
+        if result.get("status") == "skipped":
+            entry["skipped"] = result.get("note", "skipped")
+            return
         if result.get("status") != "ok":
             entry["errors"].append(result.get("note", "error"))
             return
@@ -151,6 +161,8 @@ def _quick(selected, present, threads, timeout, record, machine) -> None:
 
 
 def _summary(case, entry) -> str:
+    if entry.get("skipped"):
+        return "skipped: " + entry["skipped"]
     if not entry["latencies"]:
         return "error: " + "; ".join(entry["errors"])[:200]
     p50 = statistics.median(entry["latencies"])
@@ -174,6 +186,8 @@ def _rows(selected, present, samples, machine) -> list[dict]:
             entry = samples.get((case.name, impl))
             row = {"case": case.name, "kind": case.kind, "arch": case.arch, "batch": case.batch,
                    "dtype": case.dtype, "impl": impl}
+            if entry and entry.get("skipped"):
+                continue
             if not entry or not entry["latencies"]:
                 row.update(status="error", note="; ".join(entry["errors"]) if entry else "not run")
                 rows.append(row)
@@ -213,7 +227,7 @@ def markdown(report: dict) -> str:
         "# keras_vit benchmark", "",
         f"`{report['command']}`{' (quick: tiny configs, not representative)' if report['quick'] else ''}", "",
         f"- CPU: {m['cpu']} ({m['cpu_count']} logical CPUs), {m['threads']} threads per framework, "
-        f"{report['rounds']} round(s), implementations interleaved",
+        f"{report['rounds']} round(s), implementations interleaved, OMP_WAIT_POLICY={m['omp_wait_policy']}",
         f"- TensorFlow {m['matmul_size']}^2 matmul peak: {peak_text or peak}",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
         "- img/s = batch / median step latency; ratio = keras_vit speed / peer speed (> 1: keras_vit faster); "
@@ -228,7 +242,7 @@ def markdown(report: dict) -> str:
             lines.append(f"| {row['case']} | {row['impl']} | error | | | | | | {row['note'][:150]} |")
             continue
         ratio = ""
-        if row["impl"] == "keras_vit":
+        if row["impl"].startswith("keras_vit"):
             ratio = ", ".join(f"{v:.2f}x vs {k}" for k, v in row["ratio_to"].items())
         if row["kind"] == "startup":
             speed = f"{row['startup_s']:.2f} s"

@@ -63,10 +63,12 @@ def _keras_vit_unfused_model(arch: str, train: bool):
 
 
 KERAS_BUILDERS = {"keras_vit": _keras_vit_model, "keras_hub": _keras_hub_model,
-                  "keras_vit_unfused": _keras_vit_unfused_model}
+                  "keras_vit_unfused": _keras_vit_unfused_model, "keras_vit_xla": _keras_vit_model}
 
 
 def _keras_case(impl: str, case: Case, threads: int):
+    if impl == "keras_vit_xla" and case.kind != "train":
+        return {"status": "skipped", "note": "keras_vit_xla is a training-only variant"}
     _tf(threads)
     import keras
     keras.mixed_precision.set_global_policy("mixed_bfloat16" if case.dtype == "bfloat16" else "float32")
@@ -86,7 +88,8 @@ def _keras_case(impl: str, case: Case, threads: int):
         steps = case.warmup + case.iters
         xs = np.tile(x, (steps, 1, 1, 1))
         ys = rng.integers(0, a["classes"], (steps * case.batch,))
-        model.compile(optimizer=keras.optimizers.AdamW(1e-3),
+        xla = impl == "keras_vit_xla"
+        model.compile(optimizer=keras.optimizers.AdamW(1e-3), jit_compile=xla,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         times = []
 
@@ -100,7 +103,8 @@ def _keras_case(impl: str, case: Case, threads: int):
         start = time.perf_counter()
         model.fit(xs, ys, batch_size=case.batch, epochs=1, shuffle=False, verbose=0, callbacks=[_StepTimer()])
         total = time.perf_counter() - start
-        return {"latencies": times[case.warmup:], "fit_wall_s": total, "note": "model.fit, AdamW"}
+        return {"latencies": times[case.warmup:], "fit_wall_s": total,
+                "note": "model.fit, AdamW" + (", jit_compile=True" if xla else "")}
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
@@ -204,7 +208,7 @@ def main(argv: list[str]) -> None:
                 result = _timm_case(case, threads)
             else:
                 result = _keras_case(impl, case, threads)
-            result["status"] = "ok"
+            result.setdefault("status", "ok")
         except Exception as error:  # reported in the table, never hidden
             result = {"status": "error", "note": f"{type(error).__name__}: {error}"[:500]}
         result["case"] = case.name
