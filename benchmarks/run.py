@@ -129,6 +129,12 @@ def run(quick: bool, rounds: int, threads: int, impls: list[str], case_names: li
                 record(impl, case, result)
                 print(f"[round {round_index + 1}/{rounds}] {case.name:16s} {impl:10s} "
                       f"{_summary(case, samples[(case.name, impl)])}", flush=True)
+    if not quick:  # the machine is shared: measure the peak again at the end and keep the best
+        again = _machine(threads, quick, timeout)["matmul_gflops"]
+        for dtype, value in again.items():
+            if isinstance(value, float):
+                before = machine["matmul_gflops"].get(dtype)
+                machine["matmul_gflops"][dtype] = max(value, before) if isinstance(before, float) else value
     rows = _rows(selected, present, samples, machine)
     return {"quick": quick, "rounds": rounds, "threads": threads, "machine": machine,
             "command": " ".join(["python -m benchmarks.run", *sys.argv[1:]]),

@@ -181,7 +181,7 @@ def matmul_peak(size: int, threads: int) -> dict:
         matmul = tf.function(lambda p, q: tf.linalg.matmul(p, q))
         matmul(a, b).numpy()
         best = float("inf")
-        reps = 3 if size >= 2048 else 20
+        reps = 5 if size >= 2048 else 20
         for _ in range(reps):
             start = time.perf_counter()
             matmul(a, b)[0, 0].numpy()

@@ -30,8 +30,6 @@ _register = keras.saving.register_keras_serializable(package="keras_vit")
 FUSED_CALL = True
 
 
-
-
 def _dense_2d(x, kernel, bias, gelu=False):
     """x (N, in) @ kernel (in, out) + bias on a 2-D matrix.
 
