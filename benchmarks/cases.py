@@ -1,0 +1,62 @@
+"""Benchmark cases, model sizes and their FLOP counts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+ARCHS = {
+    # name: (image, patch, hidden, layers, heads, mlp, classes)
+    "B/16": dict(image=224, patch=16, hidden=768, layers=12, heads=12, mlp=3072, classes=1000),
+    "Ti/16": dict(image=224, patch=16, hidden=192, layers=12, heads=3, mlp=768, classes=1000),
+    "tiny": dict(image=32, patch=8, hidden=32, layers=2, heads=2, mlp=64, classes=10),
+}
+TIMM_NAMES = {"B/16": "vit_base_patch16_224", "Ti/16": "vit_tiny_patch16_224"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    kind: str            # "inference", "train" or "startup"
+    arch: str
+    batch: int
+    dtype: str           # "float32" or "bfloat16"
+    warmup: int
+    iters: int
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+
+def forward_flops(arch: str) -> float:
+    """Multiply-add FLOPs (2 per MAC) of one image's forward pass."""
+    a = ARCHS[arch]
+    tokens = (a["image"] // a["patch"]) ** 2 + 1
+    d, m = a["hidden"], a["mlp"]
+    per_layer = tokens * (4 * d * d + 2 * d * m) + 2 * tokens * tokens * d
+    embed = (tokens - 1) * a["patch"] ** 2 * 3 * d
+    return 2.0 * (a["layers"] * per_layer + embed + d * a["classes"])
+
+
+def case_flops(case: Case) -> float:
+    """FLOPs of one step of a case (training ~ 3x forward: forward, input and weight gradients)."""
+    return forward_flops(case.arch) * case.batch * (3 if case.kind == "train" else 1)
+
+
+def cases(quick: bool) -> list[Case]:
+    if quick:
+        return [
+            Case("infer_fp32_bs1", "inference", "tiny", 1, "float32", 1, 3),
+            Case("infer_fp32_bs16", "inference", "tiny", 16, "float32", 1, 3),
+            Case("infer_bf16_bs1", "inference", "tiny", 1, "bfloat16", 1, 3),
+            Case("infer_bf16_bs16", "inference", "tiny", 16, "bfloat16", 1, 3),
+            Case("train_fp32_bs32", "train", "tiny", 32, "float32", 1, 3),
+            Case("startup", "startup", "tiny", 1, "float32", 0, 1),
+        ]
+    return [
+        Case("infer_fp32_bs1", "inference", "B/16", 1, "float32", 3, 20),
+        Case("infer_fp32_bs16", "inference", "B/16", 16, "float32", 2, 6),
+        Case("infer_bf16_bs1", "inference", "B/16", 1, "bfloat16", 3, 20),
+        Case("infer_bf16_bs16", "inference", "B/16", 16, "bfloat16", 2, 6),
+        Case("train_fp32_bs32", "train", "Ti/16", 32, "float32", 3, 10),
+        Case("startup", "startup", "B/16", 1, "float32", 0, 1),
+    ]
