@@ -174,19 +174,19 @@ def test_embedding_filters_rejects_bad_n():
 # === The default model is left alone ===
 
 def test_inspection_leaves_the_model_on_the_fused_path(monkeypatch):
-    from keras.src.layers.attention import multi_head_attention
+    from keras_vit.layers import TransformerBlock
 
     model = tiny_model()
     layers_before = list(model.layers)
     images = random_images()
     fused_calls = []
-    fused = multi_head_attention.ops.dot_product_attention
+    fused = TransformerBlock._fused_call
 
-    def counting(*args, **kwargs):
-        fused_calls.append(1)
-        return fused(*args, **kwargs)
+    def counting(self, *args, **kwargs):
+        fused_calls.append(self.name)
+        return fused(self, *args, **kwargs)
 
-    monkeypatch.setattr(multi_head_attention.ops, "dot_product_attention", counting)
+    monkeypatch.setattr(TransformerBlock, "_fused_call", counting)
     before = keras.ops.convert_to_numpy(model(images))
     assert len(fused_calls) == TINY["num_layers"]
     vit_inspect.attention_rollout(model, images)
