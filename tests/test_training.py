@@ -137,6 +137,24 @@ def test_bfloat16_sigmoid_label_smoothing_run(tmp_path):
     assert model.get_layer("encoderblock_0").compute_dtype == "bfloat16" and model.output.dtype == "float32"
 
 
+LOAD_WITHOUT_TRAINING = textwrap.dedent("""
+    import sys, keras, numpy as np
+    import keras_vit
+    model = keras.saving.load_model(sys.argv[1])  # The default compile=True, as users call it.
+    print("LOGITS SHAPE:", model.predict(np.zeros((2, 16, 16, 3), "float32"), verbose=0).shape)
+    print("TRAINING IMPORTED:", "training" in sys.modules)
+""")
+
+
+def test_saved_model_loads_without_the_training_package(tmp_path):
+    summary = trainer.train_and_evaluate(tiny_config("epochs=1"), str(tmp_path / "run"), verbose=0)
+    env = {key: value for key, value in _env().items() if key != "PYTHONPATH"}  # keras_vit: the installed one.
+    result = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_TRAINING, summary["model_path"]], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "LOGITS SHAPE: (2, 10)" in result.stdout and "TRAINING IMPORTED: False" in result.stdout
+
+
 def test_inception_crop_returns_requested_size():
     crop = data.inception_crop(tf.random.uniform((40, 30, 3)), size=24, min_area=0.05)
     assert crop.shape == (24, 24, 3)

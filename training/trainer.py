@@ -238,7 +238,10 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
         keras.mixed_precision.set_global_policy(previous_policy)
     model_path = os.path.join(outdir, "model.keras")
     eval_path = os.path.join(outdir, "model.eval.json")
-    model.save(model_path)
+    # Saved uncompiled: the file is the deployable model and must load wherever keras_vit is
+    # installed. Its compile state names this package's optimizers and schedule, which only
+    # resuming needs, and resuming restores them from the BackupAndRestore folder instead.
+    keras.Model(model.input, model.output, name=model.name).save(model_path)
     summary = {"top1": float(results["top1"]), "top5": float(results["top5"]), "loss": float(results["loss"]),
                "num_eval_examples": datasets.num_eval_examples, "skipped_examples": datasets.skipped,
                "optimizer_iterations": int(model.optimizer.iterations.numpy()), "model_path": model_path,
