@@ -13,6 +13,8 @@ from typing import Any, Sequence
 import keras
 import numpy as np
 
+import keras_vit
+
 ALL_MODES = ("float32", "float16", "dynamic_int8", "int8")
 
 
@@ -32,9 +34,9 @@ def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os
         `{"saved_model": <version dir>, "tflite": <TFLite report dict>, "tflite_markdown": <its table>}`.
     """
     # Imported here so that `python -m export.saved_model` does not import its own module twice.
-    from export import model_io, saved_model, tflite
+    from export import saved_model, tflite
 
-    model = model_io.load_model(model_or_path)
+    model = keras_vit.models.load_or_build(model_or_path)
     out = Path(out_dir)
     saved = saved_model.export_saved_model(model, out / "saved_model", version=version, overwrite=overwrite,
                                class_names=class_names)

@@ -1,4 +1,4 @@
-"""Loading a keras_vit classifier for export and taking it apart into what serving needs.
+"""Taking a keras_vit classifier apart into what serving needs.
 
 Serving always takes raw pixels in [0, 255] and returns logits and probabilities, so the
 exporters work on a *pixel logits model*: the classifier up to its `head` layer (before any
@@ -7,36 +7,7 @@ softmax), with the [0, 255] -> [-1, 1] rescaling prepended when the model does n
 
 from __future__ import annotations
 
-import os
-from typing import Sequence
-
 import keras
-
-import keras_vit
-
-
-def load_model(model_or_path: keras.Model | str | os.PathLike | None = None, *, variant: str | None = None,
-               weights: str | None = None, input_shape: Sequence[int] | None = None,
-               classes: int = 1000) -> keras.Model:
-    """Returns a Keras model: the one given, a `.keras` file, or a variant built with `weights`.
-
-    Args:
-        model_or_path: a `keras.Model`, or the path of a `.keras` file.
-        variant: with no `model_or_path`, a variant name ("B/16", "R50+B/16", ...) to build.
-        weights: the variant's weights (`None` for random, or a path / registered name).
-        input_shape: the variant's input shape. Defaults to `(224, 224, 3)`.
-        classes: the variant's number of classes. Defaults to `1000`.
-    """
-    if isinstance(model_or_path, keras.Model):
-        return model_or_path
-    if model_or_path is not None:
-        path = os.fspath(model_or_path)
-        if not path.endswith(".keras") or not os.path.isfile(path):
-            raise ValueError(f"Expected an existing `.keras` model file. Received: {path!r}")
-        return keras.saving.load_model(path)
-    if variant is None:
-        raise ValueError("Give a model (or `.keras` path) or a `variant`. Received neither.")
-    return keras_vit.VisionTransformer(variant, weights=weights, input_shape=input_shape, classes=classes)
 
 
 def image_size(model: keras.Model) -> tuple[int, int]:

@@ -23,6 +23,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
+import keras_vit
+
 from export import model_io, serving
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
@@ -145,7 +147,7 @@ def model_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespa
     """The model selected by `add_model_arguments` flags."""
     if args.weights and not args.variant:
         parser.error("--weights needs --variant (a `.keras` model carries its own weights).")
-    return model_io.load_model(args.model, variant=args.variant, weights=args.weights,
+    return keras_vit.models.load_or_build(args.model, variant=args.variant, weights=args.weights,
                                input_shape=(args.image_size, args.image_size, 3), classes=args.classes)
 
 

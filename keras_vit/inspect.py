@@ -327,12 +327,7 @@ def load_image(path: str, height: int, width: int, channels: int) -> np.ndarray:
 def model_from_args(model_path: str | None, variant: str | None, weights: str | None,
                     image_size: Sequence[int]) -> keras.Model:
     """A saved `.keras` model, or a variant built at `image_size` (height, width) with `weights`."""
-    if (model_path is None) == (variant is None):
-        raise ValueError(f"Give exactly one of a model path or a variant. "
-                         f"Received: model={model_path!r}, variant={variant!r}")
-    if model_path is not None:
-        return keras.models.load_model(model_path)
-    return vit_models.VisionTransformer(variant, weights=weights, input_shape=(*image_size, 3))
+    return vit_models.load_or_build(model_path, variant=variant, weights=weights, input_shape=(*image_size, 3))
 
 
 def write_figures(model: keras.Model, images: np.ndarray, out_dir: str, filters: int = 28) -> list[str]:

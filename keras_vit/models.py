@@ -8,6 +8,7 @@ position embedding, encoder blocks, final norm, pooling, pre-logits, head.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Sequence
 
 import keras
@@ -202,6 +203,31 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
     if classifier_activation is not None:
         x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
     return x
+
+
+def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, *, variant: str | None = None,
+                  weights: str | None = None, input_shape: Sequence[int] | None = None,
+                  classes: int = 1000) -> keras.Model:
+    """The model a tool was pointed at: a `keras.Model`, a `.keras` file, or a variant to build.
+
+    Args:
+        model_or_path: a `keras.Model`, or the path of a `.keras` file. Give this or `variant`.
+        variant: a variant name ("B/16", "R50+B/16", ...) to build with `weights`.
+        weights: the variant's weights: `None` (random), a path or a registered name.
+        input_shape: the variant's input shape. Defaults to `(224, 224, 3)`.
+        classes: the variant's number of classes. Defaults to `1000`.
+    """
+    if (model_or_path is None) == (variant is None):
+        raise ValueError("Give exactly one of a model (or `.keras` path) or a `variant`. "
+                         f"Received: model={model_or_path!r}, variant={variant!r}")
+    if isinstance(model_or_path, keras.Model):
+        return model_or_path
+    if model_or_path is not None:
+        path = os.fspath(model_or_path)
+        if not path.endswith(".keras") or not os.path.isfile(path):
+            raise ValueError(f"Expected an existing `.keras` model file. Received: {path!r}")
+        return keras.saving.load_model(path)
+    return VisionTransformer(variant, weights=weights, input_shape=input_shape, classes=classes)
 
 
 class _AttentionProbe(keras.layers.Layer):
