@@ -30,6 +30,7 @@ class Source:
     num_classes: int
     shard_policy: tf.data.experimental.AutoShardPolicy
     skipped: int = 0  # Corrupt files left out.
+    class_names: list[str] | None = None  # Image folders: label i is class_names[i].
 
 
 # === Sources ===
@@ -104,7 +105,8 @@ def folder_source(root: str, split: str, class_names: list[str] | None = None) -
     dataset = tf.data.Dataset.from_tensor_slices((list(paths), np.array(labels, "int32")))
     # ignore_errors drops files that pass PIL's header check but fail to decode (truncated data).
     dataset = dataset.map(decode, num_parallel_calls=AUTOTUNE).ignore_errors(log_warning=True)
-    return Source(dataset, len(paths), len(class_names), tf.data.experimental.AutoShardPolicy.DATA, len(bad))
+    return Source(dataset, len(paths), len(class_names), tf.data.experimental.AutoShardPolicy.DATA, len(bad),
+                  class_names)
 
 
 def tfds_source(name: str, split: str, data_dir: str | None, download: bool, shuffle_files: bool) -> Source:
@@ -219,11 +221,7 @@ class Datasets:
 def make_datasets(config: Config) -> Datasets:
     """Training and evaluation datasets batched by `config.batch_size` (the global batch)."""
     train = get_source(config, config.train_split, training=True)
-    class_names = None
-    if config.dataset == "folder":
-        class_names = sorted(e.name for e in os.scandir(os.path.join(config.data_dir, config.train_split))
-                             if e.is_dir())
-    evaluation = get_source(config, config.eval_split, training=False, class_names=class_names)
+    evaluation = get_source(config, config.eval_split, training=False, class_names=train.class_names)
     train_ds = train.dataset.repeat()
     if config.shuffle_buffer > 1:
         train_ds = train_ds.shuffle(config.shuffle_buffer, seed=config.seed)
