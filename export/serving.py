@@ -38,8 +38,9 @@ def decode(image_bytes: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
 
 
 def _predictions(logits: tf.Tensor, top_k: int, class_names: Sequence[str] | None) -> dict[str, tf.Tensor]:
-    scores, classes = tf.math.top_k(tf.nn.softmax(logits), k=top_k)
-    outputs = {"logits": logits, "probabilities": tf.nn.softmax(logits), "classes": classes, "scores": scores}
+    probabilities = tf.nn.softmax(logits)
+    scores, classes = tf.math.top_k(probabilities, k=top_k)
+    outputs = {"logits": logits, "probabilities": probabilities, "classes": classes, "scores": scores}
     if class_names is not None:
         outputs["class_names"] = tf.gather(tf.constant(list(class_names)), classes)
     return outputs
