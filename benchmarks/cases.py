@@ -42,21 +42,19 @@ def case_flops(case: Case) -> float:
     return forward_flops(case.arch) * case.batch * (3 if case.kind == "train" else 1)
 
 
+FULL_CASES = (
+    Case("infer_fp32_bs1", "inference", "B/16", 1, "float32", 3, 20),
+    Case("infer_fp32_bs16", "inference", "B/16", 16, "float32", 2, 6),
+    Case("infer_bf16_bs1", "inference", "B/16", 1, "bfloat16", 3, 20),
+    Case("infer_bf16_bs16", "inference", "B/16", 16, "bfloat16", 2, 6),
+    Case("train_fp32_bs32", "train", "Ti/16", 32, "float32", 3, 10),
+    Case("startup", "startup", "B/16", 1, "float32", 0, 1),
+)
+
+
 def cases(quick: bool) -> list[Case]:
-    if quick:
-        return [
-            Case("infer_fp32_bs1", "inference", "tiny", 1, "float32", 1, 3),
-            Case("infer_fp32_bs16", "inference", "tiny", 16, "float32", 1, 3),
-            Case("infer_bf16_bs1", "inference", "tiny", 1, "bfloat16", 1, 3),
-            Case("infer_bf16_bs16", "inference", "tiny", 16, "bfloat16", 1, 3),
-            Case("train_fp32_bs32", "train", "tiny", 32, "float32", 1, 3),
-            Case("startup", "startup", "tiny", 1, "float32", 0, 1),
-        ]
-    return [
-        Case("infer_fp32_bs1", "inference", "B/16", 1, "float32", 3, 20),
-        Case("infer_fp32_bs16", "inference", "B/16", 16, "float32", 2, 6),
-        Case("infer_bf16_bs1", "inference", "B/16", 1, "bfloat16", 3, 20),
-        Case("infer_bf16_bs16", "inference", "B/16", 16, "bfloat16", 2, 6),
-        Case("train_fp32_bs32", "train", "Ti/16", 32, "float32", 3, 10),
-        Case("startup", "startup", "B/16", 1, "float32", 0, 1),
-    ]
+    """The full cases, or with `quick` the same cases on the tiny model with at most 1 warm-up and 3 timed steps."""
+    if not quick:
+        return list(FULL_CASES)
+    return [dataclasses.replace(case, arch="tiny", warmup=min(case.warmup, 1), iters=min(case.iters, 3))
+            for case in FULL_CASES]
