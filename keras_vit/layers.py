@@ -19,6 +19,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit import fused
+
 LAYER_NORM_EPSILON = 1e-6
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
 POOLINGS = ("token", "avg")
@@ -28,33 +30,6 @@ _register = keras.saving.register_keras_serializable(package="keras_vit")
 # The fused inference/training path of TransformerBlock and MlpBlock (same weights, same
 # numerics in float32); a module switch so benchmarks and tests can compare both paths.
 FUSED_CALL = True
-
-
-def _dense_2d(x, kernel, bias, gelu=False):
-    """x (N, in) @ kernel (in, out) + bias on a 2-D matrix.
-
-    Kept 2-D (not the (B, T, D) batched form) so TensorFlow's oneDNN remapper fuses
-    MatMul + BiasAdd (+ the tanh GELU after it) into one kernel.
-    """
-    if keras.backend.backend() != "tensorflow":
-        y = ops.matmul(x, kernel) + bias
-        return keras.activations.gelu(y, approximate=True) if gelu else y
-    import tensorflow as tf
-    # In bfloat16 the fused op runs oneDNN's inner_product (gemm:jit, not AMX), yet beats
-    # an AMX batched matmul followed by separate bias and GELU ops (0.64x when measured).
-    y = tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
-    return tf.nn.gelu(y, approximate=True) if gelu else y
-
-
-def _layer_norm(x, norm, epsilon):
-    """LayerNorm of the last axis in float32 (as keras.layers.LayerNormalization), in fewer ops."""
-    dtype = x.dtype
-    x = ops.cast(x, "float32")
-    mean = ops.mean(x, axis=-1, keepdims=True)
-    centered = x - mean
-    variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
-    scale = ops.rsqrt(variance + epsilon) * ops.cast(norm.gamma, "float32")
-    return ops.cast(centered * scale + ops.cast(norm.beta, "float32"), dtype)
 
 
 def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
@@ -376,19 +351,21 @@ class MlpBlock(keras.layers.Layer):
 
     def call(self, x, training=None):
         if FUSED_CALL and len(x.shape) == 3:
-            return self._fused_call(x, training)
+            shape = ops.shape(x)
+            h = self.call_2d(ops.reshape(x, (-1, x.shape[-1])), training)
+            return ops.reshape(h, (shape[0], shape[1], x.shape[-1]))
         x = keras.activations.gelu(self.dense_0(x), approximate=True)
         x = self.dropout(x, training=training)
         return self.dropout(self.dense_1(x), training=training)
 
-    def _fused_call(self, x, training):
-        """The same map on (B*T, D) matrices: MatMul + BiasAdd + GELU fuse into one oneDNN op."""
-        shape = ops.shape(x)
-        h = ops.reshape(x, (-1, x.shape[-1]))
-        h = _dense_2d(h, self.dense_0.kernel, self.dense_0.bias, gelu=True)
+    def call_2d(self, x, training=None):
+        """The same map on (N, D) rows: MatMul + BiasAdd + GELU fuse into one oneDNN op."""
+        if training:  # the GELU's input is kept for the backward pass, so it cannot fuse into the matmul
+            h = fused.gelu_tanh(fused.dense_2d(x, self.dense_0.kernel, self.dense_0.bias))
+        else:
+            h = fused.dense_2d(x, self.dense_0.kernel, self.dense_0.bias, gelu=True)
         h = self.dropout(h, training=training)
-        h = self.dropout(_dense_2d(h, self.dense_1.kernel, self.dense_1.bias), training=training)
-        return ops.reshape(h, (shape[0], shape[1], x.shape[-1]))
+        return self.dropout(fused.dense_2d(h, self.dense_1.kernel, self.dense_1.bias), training=training)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -467,20 +444,46 @@ class TransformerBlock(keras.layers.Layer):
         x = x + self.drop_path(self.mlp(self.norm_mlp(x), training=training), training=training)
         return (x, scores) if return_attention_scores else x
 
-    def _fused_attention(self, y):
-        """Multi-head self-attention of (B, T, D) tokens with the MultiHeadAttention layer's
-        weights: one fused QKV matmul (kernels concatenated at call time), one transpose
-        into (3, B, H, T, hd), batched matmuls, softmax in the compute dtype."""
+    def _fused_call(self, x, training):
+        """The same block on (B*T, D) rows: each residual add directly follows a 2-D MatMul +
+        BiasAdd, so oneDNN fuses it into that matmul (no separate add over the activations)."""
+        batch, tokens, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
+        eps = self.layer_norm_epsilon
+        h = ops.reshape(x, (-1, width))
+        attended = self._fused_attention(fused.layer_norm(h, self.norm_attention, eps), batch, tokens)
+        h = h + self._residual_branch(self.dropout(attended, training=training), batch, tokens, training)
+        mlp_out = self.mlp.call_2d(fused.layer_norm(h, self.norm_mlp, eps), training)
+        h = h + self._residual_branch(mlp_out, batch, tokens, training)
+        return ops.reshape(h, (batch, tokens, width))
+
+    def _residual_branch(self, branch, batch, tokens, training):
+        """Drop path of a (B*T, D) branch, per example; the identity at inference."""
+        if not training or not self.drop_path_rate:
+            return branch
+        per_example = self.drop_path(ops.reshape(branch, (batch, tokens, branch.shape[-1])), training=training)
+        return ops.reshape(per_example, (-1, branch.shape[-1]))
+
+    def _fused_attention(self, y, batch, tokens):
+        """Multi-head self-attention of (B*T, D) rows with the MultiHeadAttention layer's
+        weights: one QKV matmul (kernels concatenated at call time, the query's
+        1/sqrt(head_dim) folded into its kernel and bias), one transpose into
+        (3, B, H, T, hd), batched matmuls, softmax in the compute dtype. Returns (B*T, D)."""
         attention = self.attention
-        batch, tokens, width = ops.shape(y)[0], ops.shape(y)[1], y.shape[-1]
+        width = y.shape[-1]
         heads, head_dim = self.num_heads, width // self.num_heads
-        projections = (attention.query_dense, attention.key_dense, attention.value_dense)
-        kernel = ops.concatenate([ops.reshape(p.kernel, (width, width)) for p in projections], axis=1)
-        bias = ops.concatenate([ops.reshape(p.bias, (width,)) for p in projections], axis=0)
-        qkv = _dense_2d(ops.reshape(y, (-1, width)), kernel, bias)
+        # D^2 multiplies for the scale instead of B*T*D; exact for head_dim 64 (a power of two).
+        scale = ops.cast(1.0 / math.sqrt(head_dim), y.dtype)
+        query, key, value = attention.query_dense, attention.key_dense, attention.value_dense
+        kernel = ops.concatenate([ops.reshape(query.kernel, (width, width)) * scale,
+                                  ops.reshape(key.kernel, (width, width)),
+                                  ops.reshape(value.kernel, (width, width))], axis=1)
+        bias = ops.concatenate([ops.reshape(query.bias, (width,)) * scale,
+                                ops.reshape(key.bias, (width,)), ops.reshape(value.bias, (width,))], axis=0)
+        qkv = fused.dense_2d(y, kernel, bias)
         qkv = ops.transpose(ops.reshape(qkv, (batch, tokens, 3, heads, head_dim)), (2, 0, 3, 1, 4))
-        query, key, value = qkv[0], qkv[1], qkv[2]
-        query = query * ops.cast(1.0 / math.sqrt(head_dim), query.dtype)
+        # unstack, not qkv[i]: its gradient is one stack, where strided slices each
+        # scatter into a zero-filled copy of the whole tensor.
+        query, key, value = ops.unstack(qkv, 3, axis=0)
         logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
         # Softmax in the compute dtype: in bfloat16 oneDNN's softmax accumulates in float32
         # internally; the probabilities were cast back to bfloat16 for the next matmul anyway.
@@ -488,15 +491,7 @@ class TransformerBlock(keras.layers.Layer):
         context = ops.matmul(probs, value)  # (B, H, T, hd)
         context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
         out = attention.output_dense
-        output = _dense_2d(context, ops.reshape(out.kernel, (width, width)), out.bias)
-        return ops.reshape(output, (batch, tokens, width))
-
-    def _fused_call(self, x, training):
-        eps = self.layer_norm_epsilon
-        attended = self._fused_attention(_layer_norm(x, self.norm_attention, eps))
-        x = x + self.drop_path(self.dropout(attended, training=training), training=training)
-        y = _layer_norm(x, self.norm_mlp, eps)
-        return x + self.drop_path(self.mlp(y, training=training), training=training)
+        return fused.dense_2d(context, ops.reshape(out.kernel, (width, width)), out.bias)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -141,6 +141,19 @@ def test_tf1_serve_tag_matches_keras_and_survives_corrupt_bytes(exported, images
     np.testing.assert_array_equal(jpeg_outputs["classes"][:, 0], expected["probabilities"].argmax(-1))
 
 
+def test_saved_model_holds_only_portable_ops(exported):
+    """No oneDNN-only (`_Mkl*`) or XLA ops: the fast CPU kernels stay inside Keras' own steps."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    _, path = exported
+    proto = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
+    graph = proto.meta_graphs[0].graph_def
+    op_types = {node.op for node in graph.node}
+    for function in graph.library.function:
+        op_types |= {node.op for node in function.node_def}
+    assert "BatchMatMulV2" in op_types or "MatMul" in op_types  # the model's graph is in there
+    assert not {t for t in op_types if t.startswith("_") or "Xla" in t}, op_types
+
+
 def test_corrupt_bytes_then_good_request_in_tf2_loaded_model(exported, images):
     _, path = exported
     serve_bytes = tf.saved_model.load(str(path)).signatures[serving.BYTES_SIGNATURE]

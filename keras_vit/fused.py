@@ -1,0 +1,171 @@
+"""Building blocks of the fused TransformerBlock call (same weights and maths as the layers).
+
+- `dense_2d`: x @ kernel + bias (+ tanh GELU) on (N, in) matrices, the shape TensorFlow's
+  oneDNN remapper fuses into one kernel, together with a residual add that follows it.
+- `layer_norm`: LayerNorm of the last axis.
+- `gelu_tanh`: the tanh-approximate GELU.
+
+Inside a Keras `fit` / `predict` / `evaluate` step on a CPU with oneDNN (see
+`use_cpu_kernels`), `layer_norm` runs oneDNN's layer-norm kernel (`_MklLayerNorm`, the op
+TensorFlow's own remapper emits for Keras 2 LayerNorms), and the backward passes of both,
+plus the GELU forward in training, run as small XLA-compiled elementwise functions (one
+loop over the data instead of a dozen TensorFlow ops). Every other graph (your own
+`tf.function`, SavedModel and TFLite exports, whole-step XLA, GPUs, eager) gets the portable
+composites, so saved artifacts never contain oneDNN-only or XLA ops.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import keras
+from keras import ops
+
+# Keras 3's TensorFlow trainer runs each step in a tf.function with one of these names.
+KERAS_STEP_FUNCTIONS = frozenset({"one_step_on_data", "one_step_on_data_distributed",
+                                  "one_step_on_iterator", "multi_step_on_iterator"})
+ONEDNN_LAYER_NORM = "_MklLayerNorm"
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_K = 0.044715
+
+
+def dense_2d(x, kernel, bias, gelu: bool = False):
+    """x (N, in) @ kernel (in, out) + bias, then the tanh GELU when `gelu`.
+
+    Kept 2-D (not the (B, T, D) batched form) so TensorFlow's oneDNN remapper fuses
+    MatMul + BiasAdd (+ GELU, or + a residual AddV2) into one kernel.
+    """
+    if keras.backend.backend() != "tensorflow":
+        y = ops.matmul(x, kernel) + bias
+        return keras.activations.gelu(y, approximate=True) if gelu else y
+    import tensorflow as tf
+    y = tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
+    return tf.nn.gelu(y, approximate=True) if gelu else y
+
+
+def layer_norm(x, norm: keras.layers.LayerNormalization, epsilon: float):
+    """LayerNorm of the last axis of a 2-D or 3-D `x` with `norm`'s gamma and beta.
+
+    Statistics are in float32 (as keras.layers.LayerNormalization); the oneDNN kernel, when
+    used, keeps them in float32 internally too.
+    """
+    if use_cpu_kernels():
+        return _onednn_layer_norm(x, ops.cast(norm.gamma, x.dtype), ops.cast(norm.beta, x.dtype), epsilon)
+    dtype = x.dtype
+    x = ops.cast(x, "float32")
+    mean = ops.mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
+    scale = ops.rsqrt(variance + epsilon) * ops.cast(norm.gamma, "float32")
+    return ops.cast(centered * scale + ops.cast(norm.beta, "float32"), dtype)
+
+
+def gelu_tanh(x):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as Flax's `nn.gelu` (the original)."""
+    if use_cpu_kernels():
+        return _xla_gelu_tanh(x)
+    return keras.activations.gelu(x, approximate=True)
+
+
+def use_cpu_kernels() -> bool:
+    """True while tracing a Keras train/predict/evaluate step that runs on a CPU with oneDNN."""
+    if keras.backend.backend() != "tensorflow" or not _onednn_available():
+        return False
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+    if tf.executing_eagerly():
+        return False
+    graph = tf.compat.v1.get_default_graph()
+    if control_flow_util.GraphOrParentsInXlaContext(graph):
+        return False
+    names = set()
+    while graph is not None:
+        names.add(getattr(graph, "name", None))
+        graph = getattr(graph, "outer_graph", None)
+    return bool(names & KERAS_STEP_FUNCTIONS)
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn_available() -> bool:
+    """The oneDNN layer-norm op is registered and no accelerator is visible."""
+    import tensorflow as tf
+    from tensorflow.python.framework import op_def_registry
+    if op_def_registry.get(ONEDNN_LAYER_NORM) is None:
+        return False
+    return not any(tf.config.list_logical_devices(kind) for kind in ("GPU", "TPU"))
+
+
+def _onednn_layer_norm(x, gamma, beta, epsilon: float):
+    """oneDNN's fused LayerNorm forward; the backward is the closed-form LayerNorm gradient."""
+    import tensorflow as tf
+    from tensorflow.core.framework import attr_value_pb2
+
+    @tf.custom_gradient
+    def forward(x, gamma, beta):
+        graph = tf.compat.v1.get_default_graph()
+        y = graph._create_op_internal(  # no Python wrapper exists for this internal op
+            ONEDNN_LAYER_NORM, [x, gamma, beta], [x.dtype], name="onednn_layer_norm",
+            attrs={"T": attr_value_pb2.AttrValue(type=x.dtype.as_datatype_enum),
+                   "epsilon": attr_value_pb2.AttrValue(f=epsilon)}).outputs[0]
+
+        def backward(dy):
+            return _layer_norm_backward(x, gamma, dy, epsilon)
+        return y, backward
+
+    return forward(x, gamma, beta)
+
+
+def _xla(function):
+    import tensorflow as tf
+    return tf.function(function, jit_compile=True, autograph=False, reduce_retracing=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str):
+    """The XLA-compiled elementwise kernels, built once per process."""
+    import tensorflow as tf
+
+    def layer_norm_backward(x, gamma, dy, epsilon):
+        x32, dy32 = tf.cast(x, tf.float32), tf.cast(dy, tf.float32)
+        centered = x32 - tf.reduce_mean(x32, axis=-1, keepdims=True)
+        inv_std = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
+        normed = centered * inv_std
+        reduce_axes = list(range(len(x.shape) - 1))
+        d_gamma = tf.reduce_sum(dy32 * normed, axis=reduce_axes)
+        d_beta = tf.reduce_sum(dy32, axis=reduce_axes)
+        d_normed = dy32 * tf.cast(gamma, tf.float32)
+        d_x = inv_std * (d_normed - tf.reduce_mean(d_normed, axis=-1, keepdims=True)
+                         - normed * tf.reduce_mean(d_normed * normed, axis=-1, keepdims=True))
+        return tf.cast(d_x, x.dtype), tf.cast(d_gamma, gamma.dtype), tf.cast(d_beta, gamma.dtype)
+
+    def gelu_forward(x):
+        x32 = tf.cast(x, tf.float32)
+        y = 0.5 * x32 * (1.0 + tf.tanh(_GELU_C * (x32 + _GELU_K * x32 * x32 * x32)))
+        return tf.cast(y, x.dtype)
+
+    def gelu_backward(x, dy):
+        x32, squared = tf.cast(x, tf.float32), tf.square(tf.cast(x, tf.float32))
+        t = tf.tanh(_GELU_C * x32 * (1.0 + _GELU_K * squared))
+        slope = 0.5 * (1.0 + t) + 0.5 * x32 * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_K * squared)
+        return tf.cast(tf.cast(dy, tf.float32) * slope, x.dtype)
+
+    return _xla({"layer_norm_backward": layer_norm_backward, "gelu_forward": gelu_forward,
+                 "gelu_backward": gelu_backward}[name])
+
+
+def _layer_norm_backward(x, gamma, dy, epsilon: float):
+    """Closed-form LayerNorm gradient (d_x, d_gamma, d_beta) of a forward that kept no stats."""
+    return _compiled("layer_norm_backward")(x, gamma, dy, epsilon)
+
+
+def _xla_gelu_tanh(x):
+    """tanh GELU with its closed-form gradient, each one XLA-fused loop."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def gelu(x):
+        return _compiled("gelu_forward")(x), lambda dy: _compiled("gelu_backward")(x, dy)
+
+    return gelu(x)
+
