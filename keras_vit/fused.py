@@ -44,6 +44,14 @@ def dense_2d(x, kernel, bias, gelu: bool = False):
     return tf.nn.gelu(y, approximate=True) if gelu else y
 
 
+def matmul_transposed(a, b):
+    """a @ b^T over the last two axes, with no transpose op in the forward or backward graph."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.matmul(a, ops.swapaxes(b, -1, -2))
+    import tensorflow as tf
+    return tf.linalg.matmul(a, b, transpose_b=True)
+
+
 def layer_norm(x, norm: keras.layers.LayerNormalization, epsilon: float):
     """LayerNorm of the last axis of a 2-D or 3-D `x` with `norm`'s gamma and beta.
 

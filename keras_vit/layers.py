@@ -484,7 +484,7 @@ class TransformerBlock(keras.layers.Layer):
         # unstack, not qkv[i]: its gradient is one stack, where strided slices each
         # scatter into a zero-filled copy of the whole tensor.
         query, key, value = ops.unstack(qkv, 3, axis=0)
-        logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
+        logits = fused.matmul_transposed(query, key)
         # Softmax in the compute dtype: in bfloat16 oneDNN's softmax accumulates in float32
         # internally; the probabilities were cast back to bfloat16 for the next matmul anyway.
         probs = ops.softmax(logits, axis=-1)
