@@ -124,47 +124,52 @@ def _onednn_layer_norm(x, gamma, beta, epsilon: float):
     return forward(x, gamma, beta)
 
 
-def _xla(function):
-    import tensorflow as tf
-    return tf.function(function, jit_compile=True, autograph=False, reduce_retracing=True)
+def _xla_compiled(function):
+    """`function` as an XLA-compiled tf.function, built on its first call (TensorFlow stays a lazy import)."""
+    compiled = None
+
+    @functools.wraps(function)
+    def call(*args):
+        nonlocal compiled
+        if compiled is None:
+            import tensorflow as tf
+            compiled = tf.function(function, jit_compile=True, autograph=False, reduce_retracing=True)
+        return compiled(*args)
+    return call
 
 
-@functools.lru_cache(maxsize=None)
-def _compiled(name: str):
-    """The XLA-compiled elementwise kernels, built once per process."""
-    import tensorflow as tf
-
-    def layer_norm_backward(x, gamma, dy, epsilon):
-        x32, dy32 = tf.cast(x, tf.float32), tf.cast(dy, tf.float32)
-        centered = x32 - tf.reduce_mean(x32, axis=-1, keepdims=True)
-        inv_std = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
-        normed = centered * inv_std
-        reduce_axes = list(range(len(x.shape) - 1))
-        d_gamma = tf.reduce_sum(dy32 * normed, axis=reduce_axes)
-        d_beta = tf.reduce_sum(dy32, axis=reduce_axes)
-        d_normed = dy32 * tf.cast(gamma, tf.float32)
-        d_x = inv_std * (d_normed - tf.reduce_mean(d_normed, axis=-1, keepdims=True)
-                         - normed * tf.reduce_mean(d_normed * normed, axis=-1, keepdims=True))
-        return tf.cast(d_x, x.dtype), tf.cast(d_gamma, gamma.dtype), tf.cast(d_beta, gamma.dtype)
-
-    def gelu_forward(x):
-        x32 = tf.cast(x, tf.float32)
-        y = 0.5 * x32 * (1.0 + tf.tanh(_GELU_C * (x32 + _GELU_K * x32 * x32 * x32)))
-        return tf.cast(y, x.dtype)
-
-    def gelu_backward(x, dy):
-        x32, squared = tf.cast(x, tf.float32), tf.square(tf.cast(x, tf.float32))
-        t = tf.tanh(_GELU_C * x32 * (1.0 + _GELU_K * squared))
-        slope = 0.5 * (1.0 + t) + 0.5 * x32 * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_K * squared)
-        return tf.cast(tf.cast(dy, tf.float32) * slope, x.dtype)
-
-    return _xla({"layer_norm_backward": layer_norm_backward, "gelu_forward": gelu_forward,
-                 "gelu_backward": gelu_backward}[name])
-
-
+@_xla_compiled
 def _layer_norm_backward(x, gamma, dy, epsilon: float):
     """Closed-form LayerNorm gradient (d_x, d_gamma, d_beta) of a forward that kept no stats."""
-    return _compiled("layer_norm_backward")(x, gamma, dy, epsilon)
+    import tensorflow as tf
+    x32, dy32 = tf.cast(x, tf.float32), tf.cast(dy, tf.float32)
+    centered = x32 - tf.reduce_mean(x32, axis=-1, keepdims=True)
+    inv_std = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
+    normed = centered * inv_std
+    reduce_axes = list(range(len(x.shape) - 1))
+    d_gamma = tf.reduce_sum(dy32 * normed, axis=reduce_axes)
+    d_beta = tf.reduce_sum(dy32, axis=reduce_axes)
+    d_normed = dy32 * tf.cast(gamma, tf.float32)
+    d_x = inv_std * (d_normed - tf.reduce_mean(d_normed, axis=-1, keepdims=True)
+                     - normed * tf.reduce_mean(d_normed * normed, axis=-1, keepdims=True))
+    return tf.cast(d_x, x.dtype), tf.cast(d_gamma, gamma.dtype), tf.cast(d_beta, gamma.dtype)
+
+
+@_xla_compiled
+def _gelu_forward(x):
+    import tensorflow as tf
+    x32 = tf.cast(x, tf.float32)
+    return tf.cast(0.5 * x32 * (1.0 + tf.tanh(_GELU_C * (x32 + _GELU_K * x32 * x32 * x32))), x.dtype)
+
+
+@_xla_compiled
+def _gelu_backward(x, dy):
+    import tensorflow as tf
+    x32 = tf.cast(x, tf.float32)
+    squared = tf.square(x32)
+    t = tf.tanh(_GELU_C * x32 * (1.0 + _GELU_K * squared))
+    slope = 0.5 * (1.0 + t) + 0.5 * x32 * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_K * squared)
+    return tf.cast(tf.cast(dy, tf.float32) * slope, x.dtype)
 
 
 def _xla_gelu_tanh(x):
@@ -173,7 +178,6 @@ def _xla_gelu_tanh(x):
 
     @tf.custom_gradient
     def gelu(x):
-        return _compiled("gelu_forward")(x), lambda dy: _compiled("gelu_backward")(x, dy)
+        return _gelu_forward(x), lambda dy: _gelu_backward(x, dy)
 
     return gelu(x)
-

@@ -473,12 +473,13 @@ class TransformerBlock(keras.layers.Layer):
         heads, head_dim = self.num_heads, width // self.num_heads
         # D^2 multiplies for the scale instead of B*T*D; exact for head_dim 64 (a power of two).
         scale = ops.cast(1.0 / math.sqrt(head_dim), y.dtype)
-        query, key, value = attention.query_dense, attention.key_dense, attention.value_dense
-        kernel = ops.concatenate([ops.reshape(query.kernel, (width, width)) * scale,
-                                  ops.reshape(key.kernel, (width, width)),
-                                  ops.reshape(value.kernel, (width, width))], axis=1)
-        bias = ops.concatenate([ops.reshape(query.bias, (width,)) * scale,
-                                ops.reshape(key.bias, (width,)), ops.reshape(value.bias, (width,))], axis=0)
+        query_dense, key_dense, value_dense = attention.query_dense, attention.key_dense, attention.value_dense
+        kernel = ops.concatenate([ops.reshape(query_dense.kernel, (width, width)) * scale,
+                                  ops.reshape(key_dense.kernel, (width, width)),
+                                  ops.reshape(value_dense.kernel, (width, width))], axis=1)
+        bias = ops.concatenate([ops.reshape(query_dense.bias, (width,)) * scale,
+                                ops.reshape(key_dense.bias, (width,)), ops.reshape(value_dense.bias, (width,))],
+                               axis=0)
         qkv = fused.dense_2d(y, kernel, bias)
         qkv = ops.transpose(ops.reshape(qkv, (batch, tokens, 3, heads, head_dim)), (2, 0, 3, 1, 4))
         # unstack, not qkv[i]: its gradient is one stack, where strided slices each
