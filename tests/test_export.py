@@ -17,6 +17,7 @@ import tensorflow as tf
 import keras
 import keras_vit
 from export import data, export_all, model_io, saved_model, serving, tflite
+from tests.testing import graph_op_types, randomize
 
 SIZE = (32, 32)
 TINY = dict(hidden_dim=48, mlp_dim=96, num_heads=3, input_shape=(*SIZE, 3), classes=10, weights=None)
@@ -30,9 +31,7 @@ CLASS_NAMES = [f"class_{i}" for i in range(10)]
 def tiny_model(kind: str, seed: int = 0, **overrides) -> keras.Model:
     """A tiny classifier with random, non-trivial weights (the head is zeros at init)."""
     model = keras_vit.VisionTransformer(**{**ARCHITECTURES[kind], **overrides}, name=f"tiny_{kind}")
-    rng = np.random.default_rng(seed)
-    for weight in model.weights:
-        weight.assign(rng.normal(0.0, 0.3, weight.shape))
+    randomize(model, seed, scale=0.3)
     return model
 
 
@@ -146,10 +145,7 @@ def test_saved_model_holds_only_portable_ops(exported):
     from tensorflow.core.protobuf import saved_model_pb2
     _, path = exported
     proto = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
-    graph = proto.meta_graphs[0].graph_def
-    op_types = {node.op for node in graph.node}
-    for function in graph.library.function:
-        op_types |= {node.op for node in function.node_def}
+    op_types = graph_op_types(proto.meta_graphs[0].graph_def)
     assert "BatchMatMulV2" in op_types or "MatMul" in op_types  # the model's graph is in there
     assert not {t for t in op_types if t.startswith("_") or "Xla" in t}, op_types
 

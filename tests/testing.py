@@ -19,6 +19,14 @@ def randomize(model_or_layer, seed: int = 0, scale: float = 0.2) -> None:
         weight.assign(rng.normal(scale=scale, size=weight.shape).astype("float32"))
 
 
+def graph_op_types(graph_def) -> set[str]:
+    """Op types of a GraphDef's nodes and of the nodes of every function in its library."""
+    types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        types |= {node.op for node in function.node_def}
+    return types
+
+
 def run_serialization_test(layer: keras.layers.Layer) -> keras.layers.Layer:
     """`from_config(get_config())` rebuilds an equal config; also through Keras' serializer."""
     config = layer.get_config()
