@@ -1,13 +1,14 @@
 """Building blocks of the fused TransformerBlock call (same weights and maths as the layers).
 
-- `dense_2d`: x @ kernel + bias (+ tanh GELU) on (N, in) matrices, the shape TensorFlow's
-  oneDNN remapper fuses into one kernel, together with a residual add that follows it.
+- `dense_2d`: x @ kernel + bias (+ tanh GELU, or + a residual) on (N, in) matrices, the shape
+  TensorFlow's oneDNN remapper fuses into one kernel.
 - `layer_norm`: LayerNorm of the last axis.
 - `gelu_tanh`: the tanh-approximate GELU.
 
 Inside a Keras `fit` / `predict` / `evaluate` step on a CPU with oneDNN (see
 `use_cpu_kernels`), `layer_norm` runs oneDNN's layer-norm kernel (`_MklLayerNorm`, the op
-TensorFlow's own remapper emits for Keras 2 LayerNorms), and the backward passes of both,
+TensorFlow's own remapper emits for Keras 2 LayerNorms), bfloat16 projections without a GELU
+run as 1x1 convolutions (oneDNN's AMX kernel, see `dense_2d`), and the backward passes of both,
 plus the GELU forward in training, run as small XLA-compiled elementwise functions (one
 loop over the data instead of a dozen TensorFlow ops). Every other graph (your own
 `tf.function`, SavedModel and TFLite exports, whole-step XLA, GPUs, eager) gets the portable
@@ -30,18 +31,31 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
 
 
-def dense_2d(x, kernel, bias, gelu: bool = False):
-    """x (N, in) @ kernel (in, out) + bias, then the tanh GELU when `gelu`.
+def dense_2d(x, kernel, bias, gelu: bool = False, residual=None):
+    """x (N, in) @ kernel (in, out) + bias, then the tanh GELU when `gelu`, plus `residual` (N, out).
 
-    Kept 2-D (not the (B, T, D) batched form) so TensorFlow's oneDNN remapper fuses
-    MatMul + BiasAdd (+ GELU, or + a residual AddV2) into one kernel.
+    Kept 2-D (not the (B, T, D) batched form) so TensorFlow's oneDNN remapper fuses MatMul +
+    BiasAdd (+ GELU, or + the residual add) into one kernel. In bfloat16 inside a Keras step on
+    a oneDNN CPU, a projection without GELU runs as a 1x1 convolution: oneDNN gives it its AMX
+    convolution kernel (bias and residual add fused too), 1.2-1.7x faster on ViT-B's shapes than
+    the generic gemm it gives TensorFlow's fused bfloat16 MatMul.
     """
     if keras.backend.backend() != "tensorflow":
         y = ops.matmul(x, kernel) + bias
-        return keras.activations.gelu(y, approximate=True) if gelu else y
+        y = keras.activations.gelu(y, approximate=True) if gelu else y
+        return y if residual is None else residual + y
     import tensorflow as tf
+    if not gelu and x.dtype == tf.bfloat16 and use_cpu_kernels():
+        width_in, width_out = kernel.shape
+        y = tf.nn.conv2d(tf.reshape(x, (1, -1, 1, width_in)), tf.reshape(kernel, (1, 1, width_in, width_out)),
+                         strides=1, padding="VALID")
+        y = tf.nn.bias_add(y, bias)
+        if residual is not None:
+            y = y + tf.reshape(residual, (1, -1, 1, width_out))
+        return tf.reshape(y, (-1, width_out))
     y = tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
-    return tf.nn.gelu(y, approximate=True) if gelu else y
+    y = tf.nn.gelu(y, approximate=True) if gelu else y
+    return y if residual is None else residual + y
 
 
 def matmul_transposed(a, b):

@@ -358,14 +358,18 @@ class MlpBlock(keras.layers.Layer):
         x = self.dropout(x, training=training)
         return self.dropout(self.dense_1(x), training=training)
 
-    def call_2d(self, x, training=None):
-        """The same map on (N, D) rows: MatMul + BiasAdd + GELU fuse into one oneDNN op."""
+    def call_2d(self, x, training=None, residual=None):
+        """The same map on (N, D) rows: MatMul + BiasAdd + GELU fuse into one oneDNN op. Adds
+        `residual` (N, D) when given; with no dropout active, that add fuses into the last matmul."""
         if training:  # the GELU's input is kept for the backward pass, so it cannot fuse into the matmul
             h = fused.gelu_tanh(fused.dense_2d(x, self.dense_0.kernel, self.dense_0.bias))
         else:
             h = fused.dense_2d(x, self.dense_0.kernel, self.dense_0.bias, gelu=True)
         h = self.dropout(h, training=training)
-        return self.dropout(fused.dense_2d(h, self.dense_1.kernel, self.dense_1.bias), training=training)
+        if residual is not None and not (training and self.dropout_rate):
+            return fused.dense_2d(h, self.dense_1.kernel, self.dense_1.bias, residual=residual)
+        out = self.dropout(fused.dense_2d(h, self.dense_1.kernel, self.dense_1.bias), training=training)
+        return out if residual is None else residual + out
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -450,7 +454,12 @@ class TransformerBlock(keras.layers.Layer):
         batch, tokens, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         eps = self.layer_norm_epsilon
         h = ops.reshape(x, (-1, width))
-        attended = self._fused_attention(fused.layer_norm(h, self.norm_attention, eps), batch, tokens)
+        y = fused.layer_norm(h, self.norm_attention, eps)
+        if not training or not (self.dropout_rate or self.drop_path_rate):  # identity branches
+            h = self._fused_attention(y, batch, tokens, residual=h)
+            h = self.mlp.call_2d(fused.layer_norm(h, self.norm_mlp, eps), training, residual=h)
+            return ops.reshape(h, (batch, tokens, width))
+        attended = self._fused_attention(y, batch, tokens)
         h = h + self._residual_branch(self.dropout(attended, training=training), batch, tokens, training)
         mlp_out = self.mlp.call_2d(fused.layer_norm(h, self.norm_mlp, eps), training)
         h = h + self._residual_branch(mlp_out, batch, tokens, training)
@@ -463,11 +472,12 @@ class TransformerBlock(keras.layers.Layer):
         per_example = self.drop_path(ops.reshape(branch, (batch, tokens, branch.shape[-1])), training=training)
         return ops.reshape(per_example, (-1, branch.shape[-1]))
 
-    def _fused_attention(self, y, batch, tokens):
+    def _fused_attention(self, y, batch, tokens, residual=None):
         """Multi-head self-attention of (B*T, D) rows with the MultiHeadAttention layer's
         weights: one QKV matmul (kernels concatenated at call time, the query's
         1/sqrt(head_dim) folded into its kernel and bias), one transpose into
-        (3, B, H, T, hd), batched matmuls, softmax in the compute dtype. Returns (B*T, D)."""
+        (3, B, H, T, hd), batched matmuls, softmax in the compute dtype. Returns (B*T, D), plus
+        `residual` when given (the add fuses into the output projection)."""
         attention = self.attention
         width = y.shape[-1]
         heads, head_dim = self.num_heads, width // self.num_heads
@@ -492,7 +502,7 @@ class TransformerBlock(keras.layers.Layer):
         context = ops.matmul(probs, value)  # (B, H, T, hd)
         context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
         out = attention.output_dense
-        return fused.dense_2d(context, ops.reshape(out.kernel, (width, width)), out.bias)
+        return fused.dense_2d(context, ops.reshape(out.kernel, (width, width)), out.bias, residual=residual)
 
     def compute_output_shape(self, input_shape):
         return input_shape

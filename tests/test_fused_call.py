@@ -101,3 +101,26 @@ def test_keras_fit_and_predict_trace_the_cpu_kernels(monkeypatch):
     model.compile("sgd", "mse", jit_compile=True)  # XLA compiles the whole step: portable ops
     model.fit(x, y, epochs=1, verbose=0)
     assert seen and not any(seen), seen
+
+
+@pytest.mark.skipif(not fused._onednn_available(), reason="TensorFlow build without oneDNN's layer-norm op")
+def test_bfloat16_projections_run_as_convolutions_in_a_keras_step(block_and_tokens):
+    """In bfloat16 the projections take oneDNN's 1x1-convolution kernel, only inside Keras steps."""
+    block = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64, dtype="mixed_bfloat16")
+    block.build((None, 9, 32))
+    block.set_weights(block_and_tokens[0].get_weights())
+    x = tf.constant(block_and_tokens[1])
+
+    def inference(step_name):
+        def step(x):
+            return block(x, training=False)
+        step.__name__ = step_name
+        return tf.function(step)
+
+    keras_step, user_function = inference("one_step_on_data"), inference("user_function")
+    assert "Conv2D" in _op_types(keras_step, x)
+    assert "Conv2D" not in _op_types(user_function, x)
+    fast, portable = np.asarray(keras_step(x), "float32"), np.asarray(user_function(x), "float32")
+    # Both round to bfloat16 (8 significant bits); only the summation order differs.
+    np.testing.assert_allclose(fast, portable, rtol=2 ** -7, atol=2 ** -7)
+    assert np.abs(fast - portable).mean() < 2 ** -8
