@@ -108,6 +108,45 @@ def test_gradient_accumulation_updates_every_second_step():
     assert not all(np.array_equal(a, b) for a, b in zip(start, model.get_weights()))
 
 
+
+def _adamw_pair(**kwargs) -> tuple[keras.optimizers.Optimizer, keras.optimizers.Optimizer]:
+    return keras.optimizers.AdamW(**kwargs), trainer.AdamW(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(learning_rate=3e-3, weight_decay=0.05, global_clipnorm=1.0),
+                                    dict(learning_rate=1e-2, beta_1=0.8, beta_2=0.95, epsilon=1e-6),
+                                    dict(learning_rate=1e-2, amsgrad=True)])
+def test_fused_adamw_update_equals_keras_adamw(kwargs):
+    """Same variables and moments as keras.optimizers.AdamW after five steps on the same gradients."""
+    rng = np.random.default_rng(0)
+    start = [rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=5).astype("float32")]
+    grads = [[tf.constant(rng.normal(size=w.shape).astype("float32")) for w in start] for _ in range(5)]
+    results = []
+    for optimizer in _adamw_pair(**kwargs):
+        variables = [keras.Variable(w) for w in start]
+        for step_grads in grads:
+            optimizer.apply_gradients(zip(step_grads, variables))
+        results.append([v.numpy() for v in variables] + [v.numpy() for v in optimizer.variables])
+    keras_values, fused_values = results
+    assert np.max(np.abs(keras_values[0] - start[0])) > 1e-2  # the updates did move the variables
+    for got, want in zip(fused_values, keras_values):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_fused_adamw_runs_one_kernel_per_variable():
+    keras_adamw, fused_adamw = _adamw_pair(learning_rate=1e-3)
+    variables = [keras.Variable(np.ones((3, 2), "float32")), keras.Variable(np.zeros(2, "float32"))]
+    grads = [tf.ones((3, 2)), tf.ones(2)]
+    for optimizer in (keras_adamw, fused_adamw):
+        optimizer.build(variables)
+
+    def op_types(optimizer):
+        function = tf.function(lambda: optimizer.apply_gradients(zip(grads, variables)))
+        return [op.type for op in function.get_concrete_function().graph.get_operations()]
+    assert "ResourceApplyAdam" not in op_types(keras_adamw)
+    assert op_types(fused_adamw).count("ResourceApplyAdam") == 2
+
+
 # === Input pipelines and bad input ===
 
 
@@ -316,6 +355,18 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     keras.utils.set_random_seed(config.seed)  # The initial weights of both runs.
     initial = trainer.build_model(config, 10).get_weights()
     print("MAX CHANGE:", max(float(np.max(np.abs(a - b))) for a, b in zip(weights[0], initial)))
+    values = []  # The fused AdamW update on mirrored variables equals Keras' AdamW.
+    for make in (keras.optimizers.AdamW, trainer.AdamW):
+        with mirrored.scope():
+            variable = keras.Variable(np.linspace(-1, 1, 6, dtype="float32").reshape(2, 3))
+            optimizer = make(learning_rate=0.01, weight_decay=0.1)
+        grads = [tf.constant(np.arange(6, dtype="float32").reshape(2, 3) - 2.5)]
+        step = tf.function(lambda: mirrored.run(lambda: optimizer.apply_gradients(zip(grads, [variable]))))
+        for _ in range(3):
+            step()
+        values.append(variable.numpy())
+    moved = np.max(np.abs(values[0] - np.linspace(-1, 1, 6).reshape(2, 3)))
+    print("ADAMW DIFF:", float(np.max(np.abs(values[0] - values[1]))), "MOVED:", float(moved))
 """)
 
 
@@ -330,6 +381,8 @@ def test_mirrored_two_cpus_matches_default_and_checks_batch(tmp_path):
     max_diff = float(result.stdout.split("MAX DIFF:")[1].split()[0])
     assert max_diff < 1e-5, result.stdout  # Same float32 math, summed in another order.
     assert float(result.stdout.split("MAX CHANGE:")[1].split()[0]) > 1e-3  # Training did move the weights.
+    assert float(result.stdout.split("ADAMW DIFF:")[1].split()[0]) < 1e-6, result.stdout  # ~1 ulp of values ~1
+    assert float(result.stdout.split("MOVED:")[1].split()[0]) > 1e-2, result.stdout
 
 
 def test_multiworker_two_processes_end_with_identical_weights(tmp_path):
