@@ -8,11 +8,11 @@
 Inside a Keras `fit` / `predict` / `evaluate` step on a CPU with oneDNN (see
 `use_cpu_kernels`), `layer_norm` runs oneDNN's layer-norm kernel (`_MklLayerNorm`, the op
 TensorFlow's own remapper emits for Keras 2 LayerNorms), bfloat16 projections without a GELU
-run as 1x1 convolutions (oneDNN's AMX kernel, see `dense_2d`), and the backward passes of both,
-plus the GELU forward in training, run as small XLA-compiled elementwise functions (one
-loop over the data instead of a dozen TensorFlow ops). Every other graph (your own
-`tf.function`, SavedModel and TFLite exports, whole-step XLA, GPUs, eager) gets the portable
-composites, so saved artifacts never contain oneDNN-only or XLA ops.
+run as 1x1 convolutions (oneDNN's AMX kernel, see `dense_2d`), and the backward passes of
+`layer_norm` and `gelu_tanh`, plus the GELU forward in training, run as small XLA-compiled
+elementwise functions (one loop over the data instead of a dozen TensorFlow ops). Every
+other graph (your own `tf.function`, SavedModel and TFLite exports, whole-step XLA, GPUs,
+eager) gets the portable composites, so saved artifacts never contain oneDNN-only or XLA ops.
 """
 
 from __future__ import annotations

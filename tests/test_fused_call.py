@@ -60,10 +60,10 @@ def test_fused_call_keeps_weight_paths(block_and_tokens):
     assert shapes["encoderblock_0/MultiHeadDotProductAttention_1/attention_output/kernel"] == (4, 8, 32)
 
 
-def _step(step_name, block):
-    """`_output_and_gradients` as a tf.function called `step_name`."""
+def _step(step_name, function):
+    """`function` as a tf.function called `step_name` (the name `fused.use_cpu_kernels` checks)."""
     def step(x):
-        return _output_and_gradients(block, x)
+        return function(x)
     step.__name__ = step_name
     return tf.function(step)
 
@@ -77,7 +77,9 @@ def _op_types(function, x) -> set[str]:
 def test_cpu_kernels_in_a_keras_step_match_the_portable_path(block_and_tokens):
     block, tokens = block_and_tokens
     x = tf.constant(tokens)
-    keras_step, user_function = _step("one_step_on_data", block), _step("user_function", block)
+    def training_step(x):
+        return _output_and_gradients(block, x)
+    keras_step, user_function = _step("one_step_on_data", training_step), _step("user_function", training_step)
     assert fused.ONEDNN_LAYER_NORM in _op_types(keras_step, x)
     assert not any(t.startswith("_Mkl") for t in _op_types(user_function, x))
     _assert_same(keras_step(x), user_function(x))
@@ -111,13 +113,9 @@ def test_bfloat16_projections_run_as_convolutions_in_a_keras_step(block_and_toke
     block.set_weights(block_and_tokens[0].get_weights())
     x = tf.constant(block_and_tokens[1])
 
-    def inference(step_name):
-        def step(x):
-            return block(x, training=False)
-        step.__name__ = step_name
-        return tf.function(step)
-
-    keras_step, user_function = inference("one_step_on_data"), inference("user_function")
+    def inference(x):
+        return block(x, training=False)
+    keras_step, user_function = _step("one_step_on_data", inference), _step("user_function", inference)
     assert "Conv2D" in _op_types(keras_step, x)
     assert "Conv2D" not in _op_types(user_function, x)
     fast, portable = np.asarray(keras_step(x), "float32"), np.asarray(user_function(x), "float32")

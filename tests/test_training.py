@@ -355,17 +355,18 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     keras.utils.set_random_seed(config.seed)  # The initial weights of both runs.
     initial = trainer.build_model(config, 10).get_weights()
     print("MAX CHANGE:", max(float(np.max(np.abs(a - b))) for a, b in zip(weights[0], initial)))
-    values = []  # The fused AdamW update on mirrored variables equals Keras' AdamW.
+    # The fused AdamW update on mirrored variables equals Keras' AdamW.
+    values, start = [], np.linspace(-1, 1, 6, dtype="float32").reshape(2, 3)
     for make in (keras.optimizers.AdamW, trainer.AdamW):
         with mirrored.scope():
-            variable = keras.Variable(np.linspace(-1, 1, 6, dtype="float32").reshape(2, 3))
+            variable = keras.Variable(start)
             optimizer = make(learning_rate=0.01, weight_decay=0.1)
         grads = [tf.constant(np.arange(6, dtype="float32").reshape(2, 3) - 2.5)]
         step = tf.function(lambda: mirrored.run(lambda: optimizer.apply_gradients(zip(grads, [variable]))))
         for _ in range(3):
             step()
         values.append(variable.numpy())
-    moved = np.max(np.abs(values[0] - np.linspace(-1, 1, 6).reshape(2, 3)))
+    moved = np.max(np.abs(values[0] - start))
     print("ADAMW DIFF:", float(np.max(np.abs(values[0] - values[1]))), "MOVED:", float(moved))
 """)
 
