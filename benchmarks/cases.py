@@ -52,8 +52,21 @@ FULL_CASES = (
 )
 
 
-def cases(quick: bool) -> list[Case]:
-    """The full cases, or with `quick` the same cases on the tiny model with at most 1 warm-up and 3 timed steps."""
+# On a GPU (`--gpu`): larger batches, and ViT-B/16 training too.
+GPU_CASES = (
+    Case("infer_fp32_bs64", "inference", "B/16", 64, "float32", 3, 20),
+    Case("infer_bf16_bs64", "inference", "B/16", 64, "bfloat16", 3, 20),
+    Case("train_fp32_bs64", "train", "Ti/16", 64, "float32", 5, 20),
+    Case("train_b16_fp32_bs64", "train", "B/16", 64, "float32", 5, 20),
+    Case("train_b16_bf16_bs64", "train", "B/16", 64, "bfloat16", 5, 20),
+)
+
+
+def cases(quick: bool, gpu: bool = False) -> list[Case]:
+    """The full cases (GPU ones with `gpu`), or with `quick` the same cases on the tiny model with
+    at most 1 warm-up and 3 timed steps."""
+    if gpu:
+        return list(GPU_CASES)
     if not quick:
         return list(FULL_CASES)
     return [dataclasses.replace(case, arch="tiny", warmup=min(case.warmup, 1), iters=min(case.iters, 3))

@@ -10,8 +10,9 @@ them alike. keras-hub and timm are optional: missing ones are skipped with a not
 Writes DIR/benchmark.json and DIR/benchmark.md (default DIR: benchmarks/results).
 
 Throughput is batch / median step latency. `peak` is the fraction of this machine's
-measured TensorFlow matmul rate (4096^2, float32 or bfloat16) that the case's model
-FLOPs reach. Ratios are keras_vit speed / peer speed (> 1: keras_vit is faster);
+matmul peak that the case's model FLOPs reach: the best rate of TensorFlow and PyTorch
+square matmuls over several sizes, float32 or bfloat16. Every framework runs as its users
+get it by default for the thread budget (benchmarks/worker.py). Ratios are keras_vit speed / peer speed (> 1: keras_vit is faster);
 for start-up they are peer seconds / keras_vit seconds.
 """
 
@@ -32,10 +33,10 @@ from benchmarks import cases as cases_lib
 from benchmarks.worker import RESULT_PREFIX
 
 IMPLS = ("keras_vit", "keras_hub", "timm")
-# opt-in with --impls: keras_vit with its fused call switched off; keras_vit training with
+# opt-in with --impls: keras_vit on portable ops only (KERAS_VIT_KERNELS=portable); keras_vit training with
 # model.compile(jit_compile=True) (Keras leaves XLA off on CPU by default)
-EXTRA_IMPLS = ("keras_vit_unfused", "keras_vit_xla")
-REQUIREMENTS = {"keras_vit": ("keras_vit",), "keras_vit_unfused": ("keras_vit",), "keras_vit_xla": ("keras_vit",),
+EXTRA_IMPLS = ("keras_vit_portable", "keras_vit_xla")
+REQUIREMENTS = {"keras_vit": ("keras_vit",), "keras_vit_portable": ("keras_vit",), "keras_vit_xla": ("keras_vit",),
                 "keras_hub": ("keras_hub",),
                 "timm": ("torch", "timm")}
 INSTALL_HINT = {"keras_hub": "pip install keras-hub (see README, Benchmarks)",
@@ -62,15 +63,44 @@ def _spawn(args: list[str], threads: int, timeout: float):
     raise RuntimeError(f"worker {args[:2]} exited {proc.returncode}: {proc.stderr[-1500:]}")
 
 
-def _machine(threads: int, quick: bool, timeout: float, measure: bool = True) -> dict:
-    size = 512 if quick else 4096
-    gflops = {"error": "not measured"}
-    if measure:
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def _cpu() -> tuple[str, list[str]]:
+    """The CPU's model name and which of the ISA flags that matter here it has."""
+    name, flags = platform.processor(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return name, [flag for flag in ISA_FLAGS if flag in flags]
+
+
+def _matmul_peak(threads: int, sizes: list[int], timeout: float) -> tuple[dict, dict]:
+    """Best matmul GFLOP/s per dtype over TensorFlow and (if installed) PyTorch, and TF's CPU setup."""
+    peak, by_framework, setup = {}, {}, {}
+    workers = ["matmul"] + (["matmul_torch"] if available("timm") else [])
+    for worker in workers:
         try:
-            _, peak = _spawn(["matmul", str(threads), str(size)], threads, timeout)
-            gflops = peak["matmul_gflops"]
+            _, result = _spawn([worker, str(threads), *map(str, sizes)], threads, timeout)
         except Exception as error:  # noqa: BLE001
-            gflops = {"error": str(error)[:300]}
+            by_framework[worker] = {"error": str(error)[:300]}
+            continue
+        by_framework[worker] = result["matmul_gflops"]
+        setup = result.get("tensorflow_cpu", setup)
+        for dtype, value in result["matmul_gflops"].items():
+            peak[dtype] = max(peak.get(dtype, 0.0), value)
+    return peak or {"error": "not measured"}, {"matmul_by_framework": by_framework, "tensorflow_cpu": setup}
+
+
+def _machine(threads: int, quick: bool, timeout: float, measure: bool = True, gpu: bool = False) -> dict:
+    sizes = [256, 512] if quick else [4096, 8192] if gpu else [1024, 2048, 4096]
+    gflops, details = ({"error": "not measured"}, {}) if not measure else _matmul_peak(threads, sizes, timeout)
     versions = {}
     for package in ("tensorflow", "keras", "keras-hub", "torch", "timm", "numpy"):
         try:
@@ -78,19 +108,16 @@ def _machine(threads: int, quick: bool, timeout: float, measure: bool = True) ->
             versions[package] = version(package)
         except Exception:  # noqa: BLE001
             versions[package] = None
-    cpu = ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except Exception:  # noqa: BLE001
-        pass
-    return {"cpu": cpu or platform.processor(), "cpu_count": os.cpu_count(), "threads": threads,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-            "matmul_size": size, "matmul_gflops": gflops, "versions": versions, "python": platform.python_version()}
+    cpu, isa = _cpu()
+    return {"cpu": cpu, "isa_flags": isa, "cpu_count": os.cpu_count(), "threads": threads,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), "matmul_sizes": sizes,
+            "matmul_gflops": gflops, **details, "versions": versions, "python": platform.python_version()}
 
 
-def run(quick: bool, rounds: int, threads: int, impls: list[str], case_names: list[str] | None) -> dict:
+def run(quick: bool, rounds: int, threads: int, impls: list[str], case_names: list[str] | None,
+        gpu: bool = False) -> dict:
     timeout = 180 if quick else 1200
-    selected = [c for c in cases_lib.cases(quick) if not case_names or c.name in case_names]
+    selected = [c for c in cases_lib.cases(quick, gpu) if not case_names or c.name in case_names]
     present = [i for i in impls if available(i)]
     skipped = {i: f"not installed: {INSTALL_HINT.get(i, '')}" for i in impls if i not in present}
     samples: dict[tuple[str, str], dict] = {}
@@ -112,7 +139,7 @@ def run(quick: bool, rounds: int, threads: int, impls: list[str], case_names: li
         machine = _machine(threads, quick, timeout, measure=False)
         _quick(selected, present, threads, timeout, record, machine)
     else:
-        machine = _machine(threads, quick, timeout)
+        machine = _machine(threads, quick, timeout, gpu=gpu)
     for round_index in range(0 if quick else rounds):
         for case_index, case in enumerate(selected):
             # rotate the order so no implementation always runs first
@@ -130,7 +157,7 @@ def run(quick: bool, rounds: int, threads: int, impls: list[str], case_names: li
                 print(f"[round {round_index + 1}/{rounds}] {case.name:16s} {impl:10s} "
                       f"{_summary(case, samples[(case.name, impl)])}", flush=True)
     if not quick:  # the machine is shared: measure the peak again at the end and keep the best
-        again = _machine(threads, quick, timeout)["matmul_gflops"]
+        again, _ = _matmul_peak(threads, machine["matmul_sizes"], timeout)
         for dtype, value in again.items():
             if isinstance(value, float):
                 before = machine["matmul_gflops"].get(dtype)
@@ -148,7 +175,7 @@ def _quick(selected, present, threads, timeout, record, machine) -> None:
     for impl in present:
         specs = [json.dumps(c.to_dict()) for c in ordered]
         if impl != "timm" and "error" in machine["matmul_gflops"]:
-            specs.append(json.dumps({"matmul": machine["matmul_size"]}))
+            specs.append(json.dumps({"matmul": machine["matmul_sizes"]}))
         try:
             start, results = _spawn([impl, str(threads), *specs], threads, timeout)
         except Exception as error:  # noqa: BLE001
@@ -158,6 +185,7 @@ def _quick(selected, present, threads, timeout, record, machine) -> None:
         for result in results:
             if "matmul_gflops" in result:
                 machine["matmul_gflops"] = result["matmul_gflops"]
+                machine["tensorflow_cpu"] = result["tensorflow_cpu"]
                 continue
             case = by_name[result["case"]]
             if case.kind == "startup" and result.get("status") == "ok":
@@ -232,9 +260,12 @@ def markdown(report: dict) -> str:
     lines = [
         "# keras_vit benchmark", "",
         f"`{report['command']}`{' (quick: tiny configs, not representative)' if report['quick'] else ''}", "",
-        f"- CPU: {m['cpu']} ({m['cpu_count']} logical CPUs), {m['threads']} threads per framework, "
+        f"- CPU: {m['cpu']} ({m['cpu_count']} logical CPUs); ISA: {', '.join(m['isa_flags']) or 'none of note'}; "
+        f"{m['threads']} threads per framework"
+        f"{' (all CPUs: every framework at its defaults)' if m['threads'] == m['cpu_count'] else ''}, "
         f"{report['rounds']} round(s), implementations interleaved, OMP_WAIT_POLICY={m['omp_wait_policy']}",
-        f"- TensorFlow {m['matmul_size']}^2 matmul peak: {peak_text or peak}",
+        f"- TensorFlow CPU setup: {json.dumps(m.get('tensorflow_cpu', {}))}",
+        f"- Matmul peak (best of TensorFlow and PyTorch, square sizes {m['matmul_sizes']}): {peak_text or peak}",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v),
         "- img/s = batch / median step latency; ratio = keras_vit speed / peer speed (> 1: keras_vit faster); "
         "start-up ratio = peer seconds / keras_vit seconds", "",
@@ -264,6 +295,7 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny configs, one round, well under a minute")
+    parser.add_argument("--gpu", action="store_true", help="the GPU cases (batch 64; Keras on its configured backend)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="output folder")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 1)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per framework")
@@ -274,7 +306,7 @@ def main(argv=None) -> int:
     unknown = set(impls) - set(IMPLS) - set(EXTRA_IMPLS)
     if unknown:
         parser.error(f"unknown implementations {sorted(unknown)}; expected some of {IMPLS}")
-    report = run(args.quick, args.rounds or 1, args.threads, impls, [c for c in args.cases.split(",") if c])
+    report = run(args.quick, args.rounds or 1, args.threads, impls, [c for c in args.cases.split(",") if c], args.gpu)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmark.json").write_text(json.dumps(report, indent=2))

@@ -4,7 +4,13 @@ Called by `benchmarks.run` in a fresh subprocess per (implementation, case), so 
 measurement gets its own peak RSS and its own thread pools:
 
     python -m benchmarks.worker IMPL THREADS CASE_JSON [CASE_JSON ...]
-    python -m benchmarks.worker matmul THREADS SIZE
+    python -m benchmarks.worker matmul THREADS SIZE [SIZE ...]        (TensorFlow)
+    python -m benchmarks.worker matmul_torch THREADS SIZE [SIZE ...]  (PyTorch)
+
+Each framework runs as its users get it by default for the thread budget: with THREADS equal
+to the machine's CPU count nothing is set (TensorFlow's intra- and inter-op pools and
+PyTorch's pool are all as many threads as CPUs); with fewer, each framework's intra-op pool is
+set to THREADS.
 """
 
 from __future__ import annotations
@@ -24,11 +30,11 @@ RESULT_PREFIX = "BENCHMARK_RESULT "
 
 def _tf(threads: int):
     import tensorflow as tf
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
-    except RuntimeError:  # already initialised: keep what it has
-        pass
+    if threads != os.cpu_count():
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+        except RuntimeError:  # already initialised: keep what it has
+            pass
     return tf
 
 
@@ -55,22 +61,22 @@ def _keras_hub_model(arch: str, train: bool):
     return keras.Model(image, logits)
 
 
-def _keras_vit_unfused_model(arch: str, train: bool):
-    """keras_vit on the plain Keras-layer path (no fused call): shows what the fused path gains."""
-    from keras_vit import layers
-    layers.FUSED_CALL = False
+def _keras_vit_portable_model(arch: str, train: bool):
+    """keras_vit on the portable ops only (no CPU-specific kernel): shows what those kernels gain."""
+    os.environ["KERAS_VIT_KERNELS"] = "portable"
     return _keras_vit_model(arch, train)
 
 
 KERAS_BUILDERS = {"keras_vit": _keras_vit_model, "keras_hub": _keras_hub_model,
-                  "keras_vit_unfused": _keras_vit_unfused_model, "keras_vit_xla": _keras_vit_model}
+                  "keras_vit_portable": _keras_vit_portable_model, "keras_vit_xla": _keras_vit_model}
 
 
 def _keras_case(impl: str, case: Case, threads: int):
     if impl == "keras_vit_xla" and case.kind != "train":
         return {"status": "skipped", "note": "keras_vit_xla is a training-only variant"}
-    _tf(threads)
     import keras
+    if keras.backend.backend() == "tensorflow":
+        _tf(threads)
     keras.mixed_precision.set_global_policy("mixed_bfloat16" if case.dtype == "bfloat16" else "float32")
     try:
         a = ARCHS[case.arch]
@@ -88,13 +94,14 @@ def _keras_case(impl: str, case: Case, threads: int):
         steps = case.warmup + case.iters
         xs = np.tile(x, (steps, 1, 1, 1))
         ys = rng.integers(0, a["classes"], (steps * case.batch,))
-        xla = impl == "keras_vit_xla"
-        ours = impl.startswith("keras_vit")
+        tensorflow = keras.backend.backend() == "tensorflow"
+        xla = impl == "keras_vit_xla" or not tensorflow  # JAX always compiles; "auto" on other backends
+        ours = impl.startswith("keras_vit") and tensorflow
         if ours:  # the AdamW of keras_vit's training recipes: Keras' AdamW with a fused update kernel
             from training.trainer import AdamW
         else:
             AdamW = keras.optimizers.AdamW
-        model.compile(optimizer=AdamW(1e-3), jit_compile=xla,
+        model.compile(optimizer=AdamW(1e-3), jit_compile=xla if tensorflow else "auto",
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         times = []
 
@@ -103,6 +110,7 @@ def _keras_case(impl: str, case: Case, threads: int):
                 self.start = time.perf_counter()
 
             def on_train_batch_end(self, batch, logs=None):
+                float(logs["loss"])  # waits for the step (JAX dispatches asynchronously)
                 times.append(time.perf_counter() - self.start)
 
         start = time.perf_counter()
@@ -110,19 +118,21 @@ def _keras_case(impl: str, case: Case, threads: int):
         total = time.perf_counter() - start
         return {"latencies": times[case.warmup:], "fit_wall_s": total,
                 "note": ("model.fit, training.trainer.AdamW (fused update)" if ours else "model.fit, keras AdamW")
-                + (", jit_compile=True" if xla else "")}
+                + (", jit_compile=True" if xla and tensorflow else "") + f", {keras.backend.backend()} backend"}
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
 
 # ----------------------------------------------------------------------------- timm
-def _timm_case(case: Case, threads: int):
+def _torch(threads: int):
     import torch
-    torch.set_num_threads(threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
+    if threads != os.cpu_count():
+        torch.set_num_threads(threads)
+    return torch
+
+
+def _timm_case(case: Case, threads: int):
+    torch = _torch(threads)
     from benchmarks.torchvision_stub import import_timm
     timm, stubbed = import_timm()
     a = ARCHS[case.arch]
@@ -134,14 +144,19 @@ def _timm_case(case: Case, threads: int):
             num_heads=a["heads"], mlp_ratio=a["mlp"] / a["hidden"], num_classes=a["classes"])
     x = torch.from_numpy(np.random.default_rng(0).uniform(-1, 1, (case.batch, 3, a["image"], a["image"]))
                          .astype("float32"))
-    note = "torchvision stub (no CPU torchvision)" if stubbed else ""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, x = model.to(device), x.to(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    note = "; ".join(filter(None, ["torchvision stub (no CPU torchvision)" if stubbed else "", device]))
+    autocast = case.dtype == "bfloat16"
     if case.kind in ("inference", "startup"):
         model.eval()
-        autocast = case.dtype == "bfloat16"
 
         def step():
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                return model(x)
+            with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+                out = model(x)
+            sync()
+            return out
         if case.kind == "startup":
             step()
             return {"t_first_prediction": time.time(), "note": note}
@@ -151,13 +166,15 @@ def _timm_case(case: Case, threads: int):
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
-    y = torch.randint(0, a["classes"], (case.batch,))
+    y = torch.randint(0, a["classes"], (case.batch,)).to(device)
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
+        sync()
         return loss
     result = _time_loop(train_step, case)
     result["note"] = "; ".join(filter(None, [note, "plain loop, AdamW"]))
@@ -176,37 +193,68 @@ def _time_loop(step, case: Case) -> dict:
     return {"latencies": times}
 
 
-def matmul_peak(size: int, threads: int) -> dict:
-    """GFLOP/s of a size x size matmul in TensorFlow, float32 and bfloat16 (best of a few)."""
-    tf = _tf(threads)
+def matmul_peak(sizes: list[int], threads: int, framework: str = "tensorflow") -> dict:
+    """Best GFLOP/s of square matmuls of `sizes` in one framework, float32 and bfloat16."""
     out = {}
     for dtype in ("float32", "bfloat16"):
-        a = tf.random.normal((size, size), dtype="float32")
-        a = tf.cast(a, dtype)
-        b = tf.identity(a)
-        matmul = tf.function(lambda p, q: tf.linalg.matmul(p, q))
-        matmul(a, b).numpy()
-        best = float("inf")
-        reps = 5 if size >= 2048 else 20
-        for _ in range(reps):
-            start = time.perf_counter()
-            matmul(a, b)[0, 0].numpy()
-            best = min(best, time.perf_counter() - start)
-        out[dtype] = 2.0 * size ** 3 / best / 1e9
+        best = 0.0
+        for size in sizes:
+            run = _tf_matmul(size, dtype, threads) if framework == "tensorflow" else _torch_matmul(size, dtype, threads)
+            run()
+            fastest = min(_seconds(run) for _ in range(5 if size >= 2048 else 20))
+            best = max(best, 2.0 * size ** 3 / fastest / 1e9)
+        out[dtype] = best
     return out
+
+
+def _seconds(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def _tf_matmul(size: int, dtype: str, threads: int):
+    tf = _tf(threads)
+    a = tf.cast(tf.random.normal((size, size)), dtype)
+    b = tf.identity(a)
+    matmul = tf.function(lambda p, q: tf.linalg.matmul(p, q))
+    return lambda: matmul(a, b)[0, 0].numpy()
+
+
+def _torch_matmul(size: int, dtype: str, threads: int):
+    """On the GPU when there is one (then the peak is the GPU's)."""
+    torch = _torch(threads)
+    a = torch.randn(size, size).to(getattr(torch, dtype)).to("cuda" if torch.cuda.is_available() else "cpu")
+    b = a.clone()
+    return lambda: torch.mm(a, b)[0, 0].item()
+
+
+def tensorflow_cpu_setup() -> dict:
+    """Whether TensorFlow uses oneDNN here, and the CPU kernels keras_vit chose on this machine."""
+    import dataclasses
+    from keras_vit import kernels
+    capabilities, choice = kernels.detect(), kernels.machine_choice()
+    return {"onednn": capabilities.onednn,
+            "keras_vit_kernels": {key: sorted(value) if isinstance(value, frozenset) else value
+                                  for key, value in dataclasses.asdict(choice).items()}}
 
 
 def main(argv: list[str]) -> None:
     impl, threads = argv[0], int(argv[1])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if impl == "matmul":
-        print(RESULT_PREFIX + json.dumps({"matmul_gflops": matmul_peak(int(argv[2]), threads)}), flush=True)
+    if impl in ("matmul", "matmul_torch"):
+        framework = "tensorflow" if impl == "matmul" else "torch"
+        result = {"matmul_gflops": matmul_peak([int(size) for size in argv[2:]], threads, framework)}
+        if framework == "tensorflow":
+            result["tensorflow_cpu"] = tensorflow_cpu_setup()
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
         return
     results = []
     for spec in argv[2:]:
         fields = json.loads(spec)
         if "matmul" in fields:  # --quick folds the peak measurement into a worker it already starts
-            results.append({"matmul_gflops": matmul_peak(fields["matmul"], threads)})
+            results.append({"matmul_gflops": matmul_peak(fields["matmul"], threads),
+                            "tensorflow_cpu": tensorflow_cpu_setup()})
             continue
         case = Case(**fields)
         try:

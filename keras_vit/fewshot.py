@@ -11,6 +11,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
+from keras_vit.models import ViTModel
+
 FEATURE_LAYERS = ("pre_logits", "pool")
 
 
@@ -23,7 +25,7 @@ def feature_extractor(model: keras.Model) -> keras.Model:
     names = {layer.name for layer in model.layers}
     for name in FEATURE_LAYERS:
         if name in names:
-            return keras.Model(model.inputs, model.get_layer(name).output, name=f"{model.name}_features")
+            return ViTModel(model.inputs, model.get_layer(name).output, name=f"{model.name}_features")
     raise ValueError(f"Model {model.name!r} has none of the layers {FEATURE_LAYERS} to take features from.")
 
 

@@ -19,17 +19,13 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit import fused
+from keras_vit import kernels
 
 LAYER_NORM_EPSILON = 1e-6
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
 POOLINGS = ("token", "avg")
 
 _register = keras.saving.register_keras_serializable(package="keras_vit")
-
-# The fused inference/training path of TransformerBlock and MlpBlock (same weights, same
-# numerics in float32); a module switch so benchmarks and tests can compare both paths.
-FUSED_CALL = True
 
 
 def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
@@ -326,12 +322,148 @@ class StochasticDepth(keras.layers.Layer):
 
 
 @_register
+class LayerNorm(keras.layers.LayerNormalization):
+    """`keras.layers.LayerNormalization` of the last axis that computes through `keras_vit.kernels`
+    (oneDNN's fused kernel inside Keras steps on CPUs where it pays). Same weights (`gamma`,
+    `beta`), config and numerics; only `axis=-1` with scale and center."""
+
+    def build(self, input_shape):
+        if self.axis not in (-1, [-1], len(input_shape) - 1, [len(input_shape) - 1]) \
+                or not (self.scale and self.center):
+            raise ValueError("keras_vit LayerNorm normalizes the last axis with scale and center. "
+                             f"Received: axis={self.axis}, scale={self.scale}, center={self.center}")
+        super().build(input_shape)
+
+    def call(self, x):
+        return kernels.layer_norm(x, self.gamma, self.beta, self.epsilon)
+
+
+class _Projection(keras.layers.Layer):
+    """Holds one projection's `kernel` and `bias` in the checkpoints' shapes, e.g. (D, heads,
+    head_dim) and (heads, head_dim) for the query; the attention layer computes with them."""
+
+    def __init__(self, kernel_shape: tuple[int, ...], bias_shape: tuple[int, ...], kernel_initializer, **kwargs):
+        super().__init__(**kwargs)
+        self.kernel_shape, self.bias_shape = kernel_shape, bias_shape
+        self.kernel_initializer = kernel_initializer
+
+    def build(self, input_shape=None):
+        self.kernel = self.add_weight(name="kernel", shape=self.kernel_shape, initializer=self.kernel_initializer)
+        self.bias = self.add_weight(name="bias", shape=self.bias_shape, initializer="zeros")
+
+    def matrix(self, scale: float | None = None):
+        """(kernel as (in, out), bias as (out,)), optionally both multiplied by `scale`."""
+        width_out = math.prod(self.bias_shape)
+        kernel, bias = ops.reshape(self.kernel, (-1, width_out)), ops.reshape(self.bias, (width_out,))
+        if scale is not None:
+            scale = ops.cast(scale, kernel.dtype)
+            kernel, bias = kernel * scale, bias * scale
+        return kernel, bias
+
+
+@_register
+class MultiHeadDotProductAttention(keras.layers.Layer):
+    """Multi-head self-attention of ViT, with the original's weights (paper App. A, Eq. 5-8).
+
+    `softmax(q k^T / sqrt(head_dim)) v` per head, then the output projection. The weights live
+    in sublayers `query`, `key`, `value` (kernels (D, heads, head_dim), biases (heads,
+    head_dim)) and `attention_output` ((heads, head_dim, D), (D,)): the checkpoints' shapes and
+    those of `keras.layers.MultiHeadAttention`, whose weight files load here unchanged.
+
+    Computed as one (D, 3D) QKV matmul on (batch * tokens, D) rows (the kernels concatenated
+    at call time, the 1/sqrt(head_dim) folded into the query's kernel and bias), batched
+    matmuls for the logits and the context, softmax in the compute dtype.
+
+    Args:
+        num_heads: int. Attention heads; the hidden size must be divisible by it.
+        dropout_rate: float. Dropout on the attention weights in training. Defaults to `0.0`.
+        kernel_initializer: initializer of the four kernels. Defaults to `"glorot_uniform"`.
+
+    Call arguments:
+        x: (batch, tokens, hidden_dim).
+        residual: optional (batch, tokens, hidden_dim) added to the output (the add fuses into
+            the output projection).
+        training: bool. Attention dropout on when True.
+        return_attention_scores: bool. Also return the attention weights, (batch, heads,
+            tokens, tokens).
+    """
+
+    def __init__(self, num_heads: int, dropout_rate: float = 0.0, kernel_initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.dropout_rate = dropout_rate
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+    def build(self, input_shape):
+        width = input_shape[-1]
+        if width % self.num_heads:
+            raise ValueError(f"Hidden size {width} is not divisible by num_heads={self.num_heads}.")
+        heads, head_dim = self.num_heads, width // self.num_heads
+        # Attribute names are those of keras.layers.MultiHeadAttention: `.weights.h5` files key on them.
+        projection = dict(kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy)
+        self.query_dense = _Projection((width, heads, head_dim), (heads, head_dim), name="query", **projection)
+        self.key_dense = _Projection((width, heads, head_dim), (heads, head_dim), name="key", **projection)
+        self.value_dense = _Projection((width, heads, head_dim), (heads, head_dim), name="value", **projection)
+        self.output_dense = _Projection((heads, head_dim, width), (width,), name="attention_output", **projection)
+        for sublayer in (self.query_dense, self.key_dense, self.value_dense, self.output_dense):
+            sublayer.build()
+        self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
+
+    def call(self, x, residual=None, training=None, return_attention_scores=False):
+        batch, tokens, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
+        heads, head_dim = self.num_heads, width // self.num_heads
+        # Scaling the (D, D) kernel costs D^2 multiplies instead of B*T*D; exact when head_dim is
+        # a power of four (16, 64), one rounding of the scale otherwise (H/14's 80).
+        query, query_bias = self.query_dense.matrix(1.0 / math.sqrt(head_dim))
+        (key, key_bias), (value, value_bias) = self.key_dense.matrix(), self.value_dense.matrix()
+        qkv = kernels.dense(ops.reshape(x, (-1, width)), ops.concatenate([query, key, value], axis=1),
+                            ops.concatenate([query_bias, key_bias, value_bias], axis=0))
+        qkv = ops.transpose(ops.reshape(qkv, (batch, tokens, 3, heads, head_dim)), (2, 0, 3, 1, 4))
+        # unstack, not qkv[i]: its gradient is one stack, where strided slices each
+        # scatter into a zero-filled copy of the whole tensor.
+        query, key, value = ops.unstack(qkv, 3, axis=0)
+        # Softmax in the compute dtype: in bfloat16 oneDNN's softmax accumulates in float32 internally.
+        probs = ops.softmax(kernels.matmul_transposed(query, key), axis=-1)
+        context = ops.matmul(self.dropout(probs, training=training), value)  # (B, H, T, hd)
+        context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
+        kernel, bias = self.output_dense.matrix()
+        rows = None if residual is None else ops.reshape(residual, (-1, width))
+        out = ops.reshape(kernels.dense(context, kernel, bias, residual=rows), (batch, tokens, width))
+        return (out, probs) if return_attention_scores else out
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def compute_output_spec(self, x, residual=None, training=None, return_attention_scores=False):
+        output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return output
+        return output, keras.KerasTensor((x.shape[0], self.num_heads, x.shape[1], x.shape[1]),
+                                         dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_heads": self.num_heads, "dropout_rate": self.dropout_rate,
+                       "kernel_initializer": keras.initializers.serialize(self.kernel_initializer)})
+        return config
+
+
+@_register
 class MlpBlock(keras.layers.Layer):
     """Dense(mlp_dim) -> GELU (tanh approximation) -> Dropout -> Dense(D) -> Dropout.
+
+    Computed on (batch * tokens, D) rows, where TensorFlow's oneDNN remapper fuses MatMul +
+    BiasAdd + GELU (and the block's residual add) into one kernel each.
 
     Args:
         mlp_dim: int. Hidden width.
         dropout_rate: float. Dropout after each Dense. Defaults to `0.0`.
+
+    Call arguments:
+        x: (..., D).
+        residual: optional tensor of `x`'s shape added to the output (fused into the last
+            matmul when no dropout is active).
+        training: bool. Dropout on when True.
     """
 
     def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, **kwargs):
@@ -343,33 +475,28 @@ class MlpBlock(keras.layers.Layer):
         width = input_shape[-1]
         dense = dict(kernel_initializer="glorot_uniform",
                      bias_initializer=keras.initializers.RandomNormal(stddev=1e-6), dtype=self.dtype_policy)
+        # Weight holders (checkpoint names Dense_0, Dense_1); `call` computes with their weights.
         self.dense_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", **dense)
         self.dense_1 = keras.layers.Dense(width, name="Dense_1", **dense)
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
         self.dense_0.build(input_shape)
         self.dense_1.build((*input_shape[:-1], self.mlp_dim))
 
-    def call(self, x, training=None):
-        if FUSED_CALL and len(x.shape) == 3:
-            shape = ops.shape(x)
-            h = self.call_2d(ops.reshape(x, (-1, x.shape[-1])), training)
-            return ops.reshape(h, (shape[0], shape[1], x.shape[-1]))
-        x = keras.activations.gelu(self.dense_0(x), approximate=True)
-        x = self.dropout(x, training=training)
-        return self.dropout(self.dense_1(x), training=training)
-
-    def call_2d(self, x, training=None, residual=None):
-        """The same map on (N, D) rows: MatMul + BiasAdd + GELU fuse into one oneDNN op. Adds
-        `residual` (N, D) when given; with no dropout active, that add fuses into the last matmul."""
+    def call(self, x, residual=None, training=None):
+        width = x.shape[-1]
+        rows = ops.reshape(x, (-1, width))
         if training:  # the GELU's input is kept for the backward pass, so it cannot fuse into the matmul
-            h = fused.gelu_tanh(fused.dense_2d(x, self.dense_0.kernel, self.dense_0.bias))
+            h = kernels.gelu_tanh(kernels.dense(rows, self.dense_0.kernel, self.dense_0.bias))
         else:
-            h = fused.dense_2d(x, self.dense_0.kernel, self.dense_0.bias, gelu=True)
+            h = kernels.dense(rows, self.dense_0.kernel, self.dense_0.bias, gelu=True)
         h = self.dropout(h, training=training)
-        if residual is not None and not (training and self.dropout_rate):
-            return fused.dense_2d(h, self.dense_1.kernel, self.dense_1.bias, residual=residual)
-        out = self.dropout(fused.dense_2d(h, self.dense_1.kernel, self.dense_1.bias), training=training)
-        return out if residual is None else residual + out
+        residual_rows = None if residual is None else ops.reshape(residual, (-1, width))
+        if residual_rows is not None and not (training and self.dropout_rate):
+            out = kernels.dense(h, self.dense_1.kernel, self.dense_1.bias, residual=residual_rows)
+        else:
+            out = self.dropout(kernels.dense(h, self.dense_1.kernel, self.dense_1.bias), training=training)
+            out = out if residual_rows is None else residual_rows + out
+        return ops.reshape(out, ops.shape(x))
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -388,7 +515,9 @@ class TransformerBlock(keras.layers.Layer):
         out = y + DropPath(MLP(LN(y)))
 
     Sublayers carry the original checkpoint names: `LayerNorm_0`,
-    `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`.
+    `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`. Where dropout and drop
+    path are identities (inference, or rates 0), each residual add is passed into the
+    projection before it, where it fuses into the matmul.
 
     Args:
         num_heads: int. Attention heads; the hidden size must be divisible by it.
@@ -402,8 +531,7 @@ class TransformerBlock(keras.layers.Layer):
         x: (batch, tokens, hidden_dim).
         training: bool, dropout and drop path on when True.
         return_attention_scores: bool. Also return the attention weights,
-            (batch, heads, tokens, tokens). Takes the slower explicit-softmax path; the
-            default path uses the fused dot-product attention.
+            (batch, heads, tokens, tokens).
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
@@ -422,87 +550,29 @@ class TransformerBlock(keras.layers.Layer):
         if width % self.num_heads:
             raise ValueError(f"Hidden size {width} is not divisible by num_heads={self.num_heads}.")
         policy = self.dtype_policy
-        self.norm_attention = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
-        self.attention = keras.layers.MultiHeadAttention(
-            num_heads=self.num_heads, key_dim=width // self.num_heads, dropout=self.attention_dropout_rate,
-            kernel_initializer="glorot_uniform", name="MultiHeadDotProductAttention_1", dtype=policy)
-        self.norm_mlp = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
+        kernels.warn_if_bfloat16_is_emulated(self.compute_dtype)
+        self.norm_attention = LayerNorm(epsilon=self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
+        self.attention = MultiHeadDotProductAttention(self.num_heads, self.attention_dropout_rate,
+                                                      name="MultiHeadDotProductAttention_1", dtype=policy)
+        self.norm_mlp = LayerNorm(epsilon=self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, name="MlpBlock_3", dtype=policy)
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy)
         self.drop_path = StochasticDepth(self.drop_path_rate, dtype=policy)
-        self.norm_attention.build(input_shape)
-        self.attention.build(input_shape, input_shape)
-        self.norm_mlp.build(input_shape)
-        self.mlp.build(input_shape)
+        for sublayer in (self.norm_attention, self.attention, self.norm_mlp, self.mlp):
+            sublayer.build(input_shape)
 
     def call(self, x, training=None, return_attention_scores=False):
-        if FUSED_CALL and not return_attention_scores and not (training and self.attention_dropout_rate):
-            return self._fused_call(x, training)
-        y = self.norm_attention(x)
-        attended = self.attention(y, y, training=training, return_attention_scores=return_attention_scores)
+        identity_branches = not training or not (self.dropout_rate or self.drop_path_rate)
+        attended = self.attention(self.norm_attention(x), residual=x if identity_branches else None,
+                                  training=training, return_attention_scores=return_attention_scores)
         if return_attention_scores:
             attended, scores = attended
-        x = x + self.drop_path(self.dropout(attended, training=training), training=training)
-        x = x + self.drop_path(self.mlp(self.norm_mlp(x), training=training), training=training)
+        if identity_branches:
+            x = self.mlp(self.norm_mlp(attended), residual=attended, training=training)
+        else:
+            x = x + self.drop_path(self.dropout(attended, training=training), training=training)
+            x = x + self.drop_path(self.mlp(self.norm_mlp(x), training=training), training=training)
         return (x, scores) if return_attention_scores else x
-
-    def _fused_call(self, x, training):
-        """The same block on (B*T, D) rows: each residual add directly follows a 2-D MatMul +
-        BiasAdd, so oneDNN fuses it into that matmul (no separate add over the activations)."""
-        batch, tokens, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
-        eps = self.layer_norm_epsilon
-        h = ops.reshape(x, (-1, width))
-        y = fused.layer_norm(h, self.norm_attention, eps)
-        if not training or not (self.dropout_rate or self.drop_path_rate):  # identity branches
-            h = self._fused_attention(y, batch, tokens, residual=h)
-            h = self.mlp.call_2d(fused.layer_norm(h, self.norm_mlp, eps), training, residual=h)
-            return ops.reshape(h, (batch, tokens, width))
-        attended = self._fused_attention(y, batch, tokens)
-        h = h + self._residual_branch(self.dropout(attended, training=training), batch, tokens, training)
-        mlp_out = self.mlp.call_2d(fused.layer_norm(h, self.norm_mlp, eps), training)
-        h = h + self._residual_branch(mlp_out, batch, tokens, training)
-        return ops.reshape(h, (batch, tokens, width))
-
-    def _residual_branch(self, branch, batch, tokens, training):
-        """Drop path of a (B*T, D) branch, per example; the identity at inference."""
-        if not training or not self.drop_path_rate:
-            return branch
-        per_example = self.drop_path(ops.reshape(branch, (batch, tokens, branch.shape[-1])), training=training)
-        return ops.reshape(per_example, (-1, branch.shape[-1]))
-
-    def _fused_attention(self, y, batch, tokens, residual=None):
-        """Multi-head self-attention of (B*T, D) rows with the MultiHeadAttention layer's
-        weights: one QKV matmul (kernels concatenated at call time, the query's
-        1/sqrt(head_dim) folded into its kernel and bias), one transpose into
-        (3, B, H, T, hd), batched matmuls, softmax in the compute dtype. Returns (B*T, D), plus
-        `residual` when given (the add fuses into the output projection)."""
-        attention = self.attention
-        width = y.shape[-1]
-        heads, head_dim = self.num_heads, width // self.num_heads
-        # D^2 multiplies for the scale instead of B*T*D; exact for head_dim 64 (a power of two).
-        scale = ops.cast(1.0 / math.sqrt(head_dim), y.dtype)
-        query_dense, key_dense, value_dense = attention.query_dense, attention.key_dense, attention.value_dense
-        kernel = ops.concatenate([ops.reshape(query_dense.kernel, (width, width)) * scale,
-                                  ops.reshape(key_dense.kernel, (width, width)),
-                                  ops.reshape(value_dense.kernel, (width, width))], axis=1)
-        bias = ops.concatenate([ops.reshape(query_dense.bias, (width,)) * scale,
-                                ops.reshape(key_dense.bias, (width,)), ops.reshape(value_dense.bias, (width,))],
-                               axis=0)
-        qkv = fused.dense_2d(y, kernel, bias)
-        qkv = ops.transpose(ops.reshape(qkv, (batch, tokens, 3, heads, head_dim)), (2, 0, 3, 1, 4))
-        # unstack, not qkv[i]: its gradient is one stack, where strided slices each
-        # scatter into a zero-filled copy of the whole tensor.
-        query, key, value = ops.unstack(qkv, 3, axis=0)
-        logits = fused.matmul_transposed(query, key)
-        # Softmax in the compute dtype: in bfloat16 oneDNN's softmax accumulates in float32
-        # internally; the probabilities were cast back to bfloat16 for the next matmul anyway.
-        probs = ops.softmax(logits, axis=-1)
-        context = ops.matmul(probs, value)  # (B, H, T, hd)
-        context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
-        out = attention.output_dense
-        return fused.dense_2d(context, ops.reshape(out.kernel, (width, width)), out.bias, residual=residual)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -554,8 +624,3 @@ class TokenPooling(keras.layers.Layer):
         config = super().get_config()
         config.update({"method": self.method})
         return config
-
-
-def num_patches(image_size: Sequence[int], stride: Sequence[int]) -> int:
-    """Number of tokens a (height, width) image yields at a total stride."""
-    return math.prod(s // p for s, p in zip(image_size, stride))

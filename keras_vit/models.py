@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import keras
 
+from keras_vit import kernels
 from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit import variants
@@ -56,8 +57,33 @@ Args:
     name: str. Model name. Defaults to `"{model_name}"`.
 
 Returns:
-    A functional `keras.Model`.
+    A `keras_vit.ViTModel` (a functional `keras.Model`).
 """
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ViTModel(keras.Model):
+    """A functional `keras.Model` (`ViTModel(inputs, outputs)`) whose `fit` / `evaluate` /
+    `predict` steps may use the machine's CPU kernels (`keras_vit.kernels`).
+
+    The builders return one. Everything else is `keras.Model`: its `__call__`, exports and
+    your own `tf.function`s compute with the portable ops. Wrap a keras_vit backbone in
+    `ViTModel` rather than `keras.Model` (e.g. to add a head) to keep those kernels; with
+    `keras.Model` the wrapper is just as correct, on the portable ops.
+    """
+
+    # The steps' signatures differ by backend (JAX passes its state too): pass them on as they come.
+    def train_step(self, *args, **kwargs):
+        with kernels.cpu_kernels(not self.jit_compile):  # XLA compiles the whole step: portable ops
+            return super().train_step(*args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        with kernels.cpu_kernels(not self.jit_compile):
+            return super().test_step(*args, **kwargs)
+
+    def predict_step(self, *args, **kwargs):
+        with kernels.cpu_kernels(not self.jit_compile):
+            return super().predict_step(*args, **kwargs)
 
 
 def _validate(*, include_top, pooling, classes, classifier, position_embedding, classifier_activation,
@@ -164,7 +190,7 @@ def VisionTransformer(
                        attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate,
                        grid_size=(image_shape[0] // stride, image_shape[1] // stride))
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
-    model = keras.Model(inputs, outputs, name=name)
+    model = ViTModel(inputs, outputs, name=name)
     if weights_source is not None:
         weights_lib.load(model, weights_source)
     return model
@@ -250,7 +276,7 @@ def attention_model(model: keras.Model) -> keras.Model:
 
     Returns a model whose outputs are `{"output": <model's output>, "attention": [scores of
     encoderblock_0, ...]}`, each score (batch, heads, tokens, tokens). The original model
-    is untouched and keeps its fused-attention path.
+    is untouched.
     """
     scores = []
 

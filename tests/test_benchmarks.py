@@ -21,7 +21,7 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
     report = json.loads((tmp_path / "benchmark.json").read_text())
     assert (tmp_path / "benchmark.md").read_text().startswith("# keras_vit benchmark")
     assert report["quick"] is True
-    assert {"cpu", "threads", "matmul_gflops", "versions"} <= report["machine"].keys()
+    assert {"cpu", "isa_flags", "threads", "matmul_gflops", "tensorflow_cpu", "versions"} <= report["machine"].keys()
     assert set(report["machine"]["matmul_gflops"]) == {"float32", "bfloat16"}
     case_names = {case["name"] for case in report["cases"]}
     assert case_names == {"infer_fp32_bs1", "infer_fp32_bs16", "infer_bf16_bs1", "infer_bf16_bs16",

@@ -275,3 +275,32 @@ def test_every_public_layer_round_trips_its_config():
         clone = run_serialization_test(layer)
         own = {k: v for k, v in layer.get_config().items() if k not in ("name", "dtype", "trainable")}
         assert {k: clone.get_config()[k] for k in own} == own
+
+
+def test_drop_path_in_training_keeps_or_drops_whole_branches():
+    """Training with drop path: each example's output is one of the four keep/drop combinations
+    of the two residual branches, kept ones scaled by 1 / (1 - rate), computed in NumPy."""
+    rate = 0.5
+    layer = keras_vit.TransformerBlock(num_heads=2, mlp_dim=8, drop_path_rate=rate)
+    x = np.random.default_rng(4).normal(size=(64, 3, 4)).astype("float32")
+    layer(x)
+    randomize(layer, seed=5)
+    w = weights_by_path(layer)
+    attention_weights = {k.split("MultiHeadDotProductAttention_1/")[1]: v for k, v in w.items() if "MultiHead" in k}
+    out = np.asarray(layer(x, training=True), "float64")
+
+    def block(tokens, keep_attention, keep_mlp):
+        attended, _ = np_attention(np_layer_norm(tokens, w["LayerNorm_0/gamma"], w["LayerNorm_0/beta"]),
+                                   attention_weights)
+        h = tokens + keep_attention * attended / (1 - rate)
+        y = np_layer_norm(h, w["LayerNorm_2/gamma"], w["LayerNorm_2/beta"])
+        mlp = np_gelu_tanh(y @ w["MlpBlock_3/Dense_0/kernel"] + w["MlpBlock_3/Dense_0/bias"])
+        return h + keep_mlp * (mlp @ w["MlpBlock_3/Dense_1/kernel"] + w["MlpBlock_3/Dense_1/bias"]) / (1 - rate)
+
+    combinations = [(a, m) for a in (0, 1) for m in (0, 1)]
+    seen = set()
+    for index in range(len(x)):
+        errors = [np.abs(out[index] - block(x[index:index + 1].astype("float64"), *c)[0]).max() for c in combinations]
+        assert min(errors) < 1e-5, errors
+        seen.add(combinations[int(np.argmin(errors))])
+    assert seen == set(combinations)  # all four occur in 64 examples (a miss has probability ~1e-7)

@@ -2,6 +2,7 @@
 a NumPy forward pass of a whole model, saving, mixed precision and argument errors."""
 
 import inspect
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -257,3 +258,17 @@ def test_unknown_variant():
     with pytest.raises(ValueError, match=r"Unknown variant 'B/15'"):
         keras_vit.VisionTransformer("B/15", weights=None)
     assert keras_vit.decode_variant("ViT-B_16") == keras_vit.decode_variant("B/16")
+
+
+def test_files_written_by_keras_vit_0_1_0_load_unchanged():
+    """0.1.0 kept its attention in keras.layers.MultiHeadAttention: its .keras and .weights.h5
+    files (tests/data, a 1-block model with every weight random) load into today's layers."""
+    data = Path(__file__).parent / "data"
+    io = np.load(data / "tiny_0_1_0_io.npz")
+    loaded = keras.saving.load_model(data / "tiny_0_1_0.keras")
+    np.testing.assert_allclose(loaded(io["images"]), io["probabilities"], atol=1e-6)
+    rebuilt = keras_vit.VisionTransformer(patch_size=8, hidden_dim=16, mlp_dim=32, num_heads=2, num_layers=1,
+                                          input_shape=(16, 16, 3), classes=3, dropout_rate=0.1,
+                                          attention_dropout_rate=0.1, drop_path_rate=0.1)
+    rebuilt.load_weights(data / "tiny_0_1_0.weights.h5")
+    np.testing.assert_allclose(rebuilt.predict(io["images"], verbose=0), io["probabilities"], atol=1e-6)

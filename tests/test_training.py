@@ -283,7 +283,7 @@ def test_finetune_from_weights_h5_new_zero_head_and_loss_falls(tmp_path):
     assert model.output.shape == (None, 7) and not model.get_layer("head").kernel.numpy().any()
     np.testing.assert_array_equal(model.get_layer("embedding").get_weights()[0],
                                   backbone.get_layer("embedding").get_weights()[0])
-    _finetune_loss_falls(tmp_path, path, image_size=16)
+    _finetune_loss_falls(tmp_path, path, image_size=16, epochs=6)
 
 
 def _write_original_npz(path: str, hidden: int = 16, mlp: int = 32, heads: int = 2, patch: int = 8,

@@ -111,7 +111,7 @@ def build_model(config: Config, num_classes: int) -> keras.Model:
     backbone = keras_vit.VisionTransformer(config.variant or None, include_top=False,
                                            pooling="token" if config.classifier == "token" else "avg", **common)
     logits = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="head", dtype="float32")(backbone.output)
-    return keras.Model(backbone.input, logits, name=f"{backbone.name}_finetune")
+    return keras_vit.ViTModel(backbone.input, logits, name=f"{backbone.name}_finetune")
 
 
 def make_optimizer(config: Config, total_steps: int) -> keras.optimizers.Optimizer:
@@ -260,7 +260,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
     # Saved uncompiled: the file is the deployable model and must load wherever keras_vit is
     # installed. Its compile state names this package's optimizers and schedule, which only
     # resuming needs, and resuming restores them from the BackupAndRestore folder instead.
-    keras.Model(model.input, model.output, name=model.name).save(model_path)
+    keras_vit.ViTModel(model.input, model.output, name=model.name).save(model_path)
     summary = {"top1": float(results["top1"]), "top5": float(results["top5"]), "loss": float(results["loss"]),
                "num_eval_examples": datasets.num_eval_examples, "skipped_examples": datasets.skipped,
                "optimizer_iterations": int(model.optimizer.iterations.numpy()), "model_path": model_path,

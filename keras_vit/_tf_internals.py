@@ -1,0 +1,47 @@
+"""Every TensorFlow internal keras_vit touches, each behind a guard.
+
+TensorFlow has no public API for these, and a release may move or change them. Each function
+here either works or raises `Unavailable`, and `keras_vit.kernels` then turns off the one
+fast kernel that needed it (the portable ops compute the same result). Nothing else in
+keras_vit imports from `tensorflow.python` or `tensorflow.core`.
+"""
+
+from __future__ import annotations
+
+
+class Unavailable(RuntimeError):
+    """A TensorFlow internal is missing or behaves differently in this release."""
+
+
+def op_registered(op_type: str) -> bool:
+    """Whether an op (public or internal, e.g. `_MklLayerNorm`) is registered in this TensorFlow build."""
+    try:
+        from tensorflow.python.framework import op_def_registry
+        return op_def_registry.get(op_type) is not None
+    except (ImportError, AttributeError) as error:
+        raise Unavailable(f"op_def_registry.get: {error}") from error
+
+
+def onednn_enabled() -> bool:
+    """Whether TensorFlow runs its CPU ops through oneDNN (on by default for x86 Linux builds)."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError) as error:
+        raise Unavailable(f"_pywrap_util_port.IsMklEnabled: {error}") from error
+
+
+def create_op(op_type: str, inputs, output_dtype, attrs: dict, name: str):
+    """Adds an op that has no Python wrapper to the graph being traced; returns its first output.
+
+    `attrs` maps attribute names to a TensorFlow dtype or a float.
+    """
+    try:
+        import tensorflow as tf
+        from tensorflow.core.framework import attr_value_pb2
+        graph = tf.compat.v1.get_default_graph()
+        protos = {key: (attr_value_pb2.AttrValue(type=value.as_datatype_enum) if isinstance(value, tf.DType)
+                        else attr_value_pb2.AttrValue(f=value)) for key, value in attrs.items()}
+        return graph._create_op_internal(op_type, inputs, [output_dtype], name=name, attrs=protos).outputs[0]
+    except (ImportError, AttributeError, TypeError) as error:
+        raise Unavailable(f"Graph._create_op_internal: {error}") from error

@@ -1,0 +1,362 @@
+"""The maths of the encoder block, and the choice of CPU-specific kernels for it.
+
+Every keras_vit layer computes through the functions here (`dense`, `layer_norm`,
+`gelu_tanh`, `matmul_transposed`). By default they emit portable ops, the same on every
+backend, device and TensorFlow build. Inside a `cpu_kernels()` scope, which
+`keras_vit.models.ViTModel` enters in its `train_step` / `test_step` / `predict_step` (so
+`fit`, `evaluate` and `predict`, never exports or your own `tf.function`), the TensorFlow
+backend may swap in faster kernels for the same maths, each one only where it works and
+pays on the machine it runs on (`choose`):
+
+- `onednn_layer_norm`: oneDNN's fused LayerNorm forward (`_MklLayerNorm`), per dtype; in
+  bfloat16 only on CPUs with AVX-512 (oneDNN refuses it on AVX2), and each dtype passes a
+  one-time probe against the portable ops before it is used.
+- `bfloat16_conv_projections`: bfloat16 projections without GELU as 1x1 convolutions, which
+  oneDNN gives its AMX kernel (its bfloat16 MatMul gets a generic gemm); AMX CPUs only.
+- `xla_elementwise`: the GELU (training) and the LayerNorm and GELU backward passes as small
+  XLA-compiled loops, after a one-time compile probe.
+
+A GPU or TPU in sight, `jit_compile=True`, another Keras backend, eager execution, or
+`KERAS_VIT_KERNELS=portable` in the environment all mean the portable ops. Whatever is not
+supported, or fails its probe, falls back to them with one log line; never an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import os
+import threading
+
+import keras
+from keras import ops
+
+from keras_vit import _tf_internals
+
+logger = logging.getLogger("keras_vit")
+
+ONEDNN_LAYER_NORM = "_MklLayerNorm"
+ENV_SWITCH = "KERAS_VIT_KERNELS"  # "portable" turns every CPU-specific kernel off
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_K = 0.044715
+
+
+# === The machine and the choice of kernels ===
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What this process can run: the CPU's ISA flags and the TensorFlow build's features."""
+
+    cpu_flags: frozenset[str] = frozenset()
+    onednn: bool = False          # TensorFlow runs CPU ops through oneDNN
+    onednn_layer_norm_op: bool = False  # oneDNN's LayerNorm op is registered
+    accelerator: bool = False     # a GPU or TPU is visible
+
+    @property
+    def avx512(self) -> bool:
+        return {"avx512f", "avx512bw", "avx512vl"} <= self.cpu_flags
+
+    @property
+    def native_bfloat16(self) -> bool:
+        """bfloat16 arithmetic in hardware (AVX512-BF16 or AMX); otherwise oneDNN emulates it."""
+        return bool({"avx512_bf16", "amx_bf16"} & self.cpu_flags)
+
+    @property
+    def amx(self) -> bool:
+        return {"amx_bf16", "amx_tile"} <= self.cpu_flags
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelChoice:
+    """Which CPU-specific kernels to use; all False is the portable path."""
+
+    onednn_layer_norm: frozenset[str] = frozenset()  # dtypes, of "float32" and "bfloat16"
+    bfloat16_conv_projections: bool = False
+    xla_elementwise: bool = False
+
+
+PORTABLE = KernelChoice()
+
+
+def choose(capabilities: Capabilities) -> KernelChoice:
+    """The kernels worth using on a machine with `capabilities` (before the one-time probes).
+
+    Measured on 2-core machines of both kinds this project runs on (benchmarks/RESULTS.md):
+    the oneDNN LayerNorm and the XLA elementwise loops pay on AVX2 and on AMX CPUs; the
+    bfloat16 convolutions pay only with AMX.
+    """
+    if capabilities.accelerator or not capabilities.onednn or not capabilities.cpu_flags:
+        return PORTABLE
+    norm_dtypes = set()
+    if capabilities.onednn_layer_norm_op:
+        norm_dtypes.add("float32")
+        if capabilities.avx512:  # oneDNN has no bfloat16 LayerNorm for AVX2
+            norm_dtypes.add("bfloat16")
+    return KernelChoice(onednn_layer_norm=frozenset(norm_dtypes), bfloat16_conv_projections=capabilities.amx,
+                        xla_elementwise=True)
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags (`avx2`, `avx512f`, `amx_bf16`, ...) from /proc/cpuinfo; empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def detect() -> Capabilities:
+    """This process's capabilities (TensorFlow backend; anything unreadable counts as absent)."""
+    import tensorflow as tf
+    accelerator = any(tf.config.list_logical_devices(kind) for kind in ("GPU", "TPU"))
+    try:
+        onednn = _tf_internals.onednn_enabled()
+        layer_norm_op = _tf_internals.op_registered(ONEDNN_LAYER_NORM)
+    except _tf_internals.Unavailable as error:
+        logger.info("CPU kernels off: %s", error)
+        onednn = layer_norm_op = False
+    return Capabilities(cpu_flags(), onednn, layer_norm_op, accelerator)
+
+
+_lock = threading.RLock()
+
+
+@functools.lru_cache(maxsize=None)
+def machine_choice() -> KernelChoice:
+    """`choose(detect())`, after the one-time probes; PORTABLE with `KERAS_VIT_KERNELS=portable`."""
+    if os.environ.get(ENV_SWITCH, "").lower() == "portable":
+        return PORTABLE
+    choice = choose(detect())
+    norm_dtypes = frozenset(dtype for dtype in choice.onednn_layer_norm if _probe("oneDNN LayerNorm " + dtype,
+                                                                                    _probe_layer_norm, dtype))
+    xla = choice.xla_elementwise and _probe("XLA elementwise kernels", _probe_xla)
+    choice = dataclasses.replace(choice, onednn_layer_norm=norm_dtypes, xla_elementwise=xla)
+    logger.debug("CPU kernels: %s", choice)
+    return choice
+
+
+def _probe(what: str, probe, *args) -> bool:
+    """Runs `probe` eagerly (outside any graph being traced); False, with one log line, if it fails."""
+    import tensorflow as tf
+    try:
+        with tf.init_scope(), cpu_kernels(False):  # the probe itself traces portable surroundings
+            ok = probe(*args)
+    except Exception as error:  # noqa: BLE001  anything a kernel can raise means: do not use it
+        ok = False
+        logger.info("%s unavailable on this machine, using portable ops (%s: %s)", what,
+                    type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+    else:
+        if not ok:
+            logger.info("%s disagree with the portable ops on this machine; using portable ops", what)
+    return ok
+
+
+def _probe_layer_norm(dtype: str) -> bool:
+    import numpy as np
+    import tensorflow as tf
+    x = tf.constant(np.random.default_rng(0).normal(size=(6, 40)), dtype)
+    gamma, beta = tf.constant(np.linspace(0.5, 1.5, 40), dtype), tf.constant(np.linspace(-1, 1, 40), dtype)
+    fast = tf.function(lambda x: _onednn_layer_norm(x, gamma, beta, 1e-6), autograph=False)(x)
+    portable = _portable_layer_norm(x, gamma, beta, 1e-6)
+    tolerance = 1e-5 if dtype == "float32" else 2e-2
+    return bool(np.allclose(np.asarray(tf.cast(fast, tf.float32)), np.asarray(tf.cast(portable, tf.float32)),
+                            atol=tolerance, rtol=tolerance))
+
+
+def _probe_xla() -> bool:
+    import numpy as np
+    import tensorflow as tf
+    x = tf.constant(np.linspace(-3, 3, 24, dtype="float32").reshape(4, 6))
+    expected = keras.activations.gelu(x, approximate=True)
+    return bool(np.allclose(np.asarray(_gelu_forward(x)), np.asarray(expected), atol=1e-6))
+
+
+# === The scope that allows them ===
+
+
+_scope = threading.local()
+
+
+@contextlib.contextmanager
+def cpu_kernels(enabled: bool = True):
+    """Allows the machine's CPU kernels in the layers traced inside (Keras' own steps enter it)."""
+    previous = getattr(_scope, "enabled", False)
+    _scope.enabled = enabled
+    try:
+        yield
+    finally:
+        _scope.enabled = previous
+
+
+def active() -> KernelChoice:
+    """The kernels for the op being built now: the machine's inside `cpu_kernels()` while tracing
+    a TensorFlow graph, else PORTABLE."""
+    if not getattr(_scope, "enabled", False) or keras.backend.backend() != "tensorflow":
+        return PORTABLE
+    import tensorflow as tf
+    if not tf.inside_function():
+        return PORTABLE
+    with _lock:
+        return machine_choice()
+
+
+def warn_if_bfloat16_is_emulated(compute_dtype: str) -> None:
+    """Says once per process when a bfloat16 model is built on a CPU that emulates bfloat16."""
+    if compute_dtype != "bfloat16" or keras.backend.backend() != "tensorflow" or _warned:
+        return
+    capabilities = detect()
+    if capabilities.accelerator or capabilities.native_bfloat16 or not capabilities.cpu_flags:
+        return
+    _warned.add("emulated_bfloat16")
+    logger.warning("This CPU has no native bfloat16 (no AVX512-BF16 or AMX): bfloat16 is emulated and "
+                   "float32 is faster here. mixed_bfloat16 still computes correctly.")
+
+
+_warned: set[str] = set()
+
+
+# === The maths ===
+
+
+def dense(x, kernel, bias, gelu: bool = False, residual=None):
+    """x (N, in) @ kernel (in, out) + bias, then the tanh GELU when `gelu`, plus `residual` (N, out).
+
+    Kept 2-D (not the (B, T, D) batched form) so TensorFlow's oneDNN remapper fuses MatMul +
+    BiasAdd (+ GELU, or + the residual add) into one kernel. With `bfloat16_conv_projections`,
+    a bfloat16 projection without GELU runs as a 1x1 convolution (bias and residual add fused too).
+    """
+    if keras.backend.backend() != "tensorflow":
+        y = ops.matmul(x, kernel) + bias
+        y = keras.activations.gelu(y, approximate=True) if gelu else y
+        return y if residual is None else residual + y
+    import tensorflow as tf
+    if not gelu and x.dtype == tf.bfloat16 and active().bfloat16_conv_projections:
+        width_in, width_out = kernel.shape
+        y = tf.nn.conv2d(tf.reshape(x, (1, -1, 1, width_in)), tf.reshape(kernel, (1, 1, width_in, width_out)),
+                         strides=1, padding="VALID")
+        y = tf.nn.bias_add(y, bias)
+        if residual is not None:
+            y = y + tf.reshape(residual, (1, -1, 1, width_out))
+        return tf.reshape(y, (-1, width_out))
+    y = tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
+    y = tf.nn.gelu(y, approximate=True) if gelu else y
+    return y if residual is None else residual + y
+
+
+def matmul_transposed(a, b):
+    """a @ b^T over the last two axes, with no transpose op in the forward or backward graph."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.matmul(a, ops.swapaxes(b, -1, -2))
+    import tensorflow as tf
+    return tf.linalg.matmul(a, b, transpose_b=True)
+
+
+def layer_norm(x, gamma, beta, epsilon: float):
+    """LayerNorm of the last axis of `x` (statistics in float32, as keras.layers.LayerNormalization)."""
+    if keras.backend.standardize_dtype(x.dtype) in active().onednn_layer_norm:
+        return _onednn_layer_norm(x, ops.cast(gamma, x.dtype), ops.cast(beta, x.dtype), epsilon)
+    return _portable_layer_norm(x, gamma, beta, epsilon)
+
+
+def _portable_layer_norm(x, gamma, beta, epsilon: float):
+    dtype = x.dtype
+    x = ops.cast(x, "float32")
+    mean = ops.mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
+    scale = ops.rsqrt(variance + epsilon) * ops.cast(gamma, "float32")
+    return ops.cast(centered * scale + ops.cast(beta, "float32"), dtype)
+
+
+def gelu_tanh(x):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as Flax's `nn.gelu` (the original)."""
+    if active().xla_elementwise:
+        return _xla_gelu_tanh(x)
+    return keras.activations.gelu(x, approximate=True)
+
+
+def _onednn_layer_norm(x, gamma, beta, epsilon: float):
+    """oneDNN's fused LayerNorm forward; the backward is the closed-form LayerNorm gradient."""
+    import tensorflow as tf
+    xla_backward = active().xla_elementwise
+
+    @tf.custom_gradient
+    def forward(x, gamma, beta):
+        y = _tf_internals.create_op(ONEDNN_LAYER_NORM, [x, gamma, beta], x.dtype,
+                                    {"T": x.dtype, "epsilon": epsilon}, name="onednn_layer_norm")
+
+        def backward(dy):
+            if xla_backward:
+                return _layer_norm_backward(x, gamma, dy, epsilon)
+            return _layer_norm_backward.python_function(x, gamma, dy, epsilon)
+        return y, backward
+
+    return forward(x, gamma, beta)
+
+
+def _xla_compiled(function):
+    """`function` as an XLA-compiled tf.function, built on its first call (TensorFlow stays a lazy
+    import); `.python_function` is the plain function."""
+    compiled = None
+
+    @functools.wraps(function)
+    def call(*args):
+        nonlocal compiled
+        if compiled is None:
+            import tensorflow as tf
+            compiled = tf.function(function, jit_compile=True, autograph=False, reduce_retracing=True)
+        return compiled(*args)
+    call.python_function = function
+    return call
+
+
+@_xla_compiled
+def _layer_norm_backward(x, gamma, dy, epsilon: float):
+    """Closed-form LayerNorm gradient (d_x, d_gamma, d_beta) of a forward that kept no stats."""
+    import tensorflow as tf
+    x32, dy32 = tf.cast(x, tf.float32), tf.cast(dy, tf.float32)
+    centered = x32 - tf.reduce_mean(x32, axis=-1, keepdims=True)
+    inv_std = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
+    normed = centered * inv_std
+    reduce_axes = list(range(len(x.shape) - 1))
+    d_gamma = tf.reduce_sum(dy32 * normed, axis=reduce_axes)
+    d_beta = tf.reduce_sum(dy32, axis=reduce_axes)
+    d_normed = dy32 * tf.cast(gamma, tf.float32)
+    d_x = inv_std * (d_normed - tf.reduce_mean(d_normed, axis=-1, keepdims=True)
+                     - normed * tf.reduce_mean(d_normed * normed, axis=-1, keepdims=True))
+    return tf.cast(d_x, x.dtype), tf.cast(d_gamma, gamma.dtype), tf.cast(d_beta, gamma.dtype)
+
+
+@_xla_compiled
+def _gelu_forward(x):
+    import tensorflow as tf
+    x32 = tf.cast(x, tf.float32)
+    return tf.cast(0.5 * x32 * (1.0 + tf.tanh(_GELU_C * (x32 + _GELU_K * x32 * x32 * x32))), x.dtype)
+
+
+@_xla_compiled
+def _gelu_backward(x, dy):
+    import tensorflow as tf
+    x32 = tf.cast(x, tf.float32)
+    squared = tf.square(x32)
+    t = tf.tanh(_GELU_C * x32 * (1.0 + _GELU_K * squared))
+    slope = 0.5 * (1.0 + t) + 0.5 * x32 * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_K * squared)
+    return tf.cast(tf.cast(dy, tf.float32) * slope, x.dtype)
+
+
+def _xla_gelu_tanh(x):
+    """tanh GELU with its closed-form gradient, each one XLA-fused loop."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def gelu(x):
+        return _gelu_forward(x), lambda dy: _gelu_backward(x, dy)
+
+    return gelu(x)

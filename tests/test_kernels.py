@@ -1,0 +1,280 @@
+"""keras_vit.kernels: the CPU-specific kernels compute what the portable ops compute, are chosen
+from what the machine supports, fall back when an internal is missing, and stay out of exports."""
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+import keras_vit
+from keras_vit import _tf_internals, kernels
+from keras_vit import layers as vit_layers
+from tests.testing import TINY_VIT, graph_op_types, randomize
+
+AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
+AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+AMX = AVX512 | {"avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_choice():
+    """Each test detects and probes the machine anew (some force what it finds)."""
+    kernels.machine_choice.cache_clear()
+    yield
+    kernels.machine_choice.cache_clear()
+
+
+@pytest.fixture
+def block_and_tokens():
+    block = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64, name="encoderblock_0")
+    tokens = np.random.default_rng(0).normal(size=(3, 9, 32)).astype("float32")
+    block(tokens)
+    randomize(block)  # non-zero biases so every term is checked
+    return block, tokens
+
+
+def _output_and_gradients(block, x):
+    """The block's training output and the gradients of a non-linear loss of it."""
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = block(x, training=True)
+        loss = tf.reduce_sum(y * tf.cos(y))
+    return y, tape.gradient(loss, [x] + [w.value for w in block.trainable_weights])
+
+
+def _assert_same(result, reference):
+    """Outputs equal to 1e-5, gradients to 1e-4."""
+    (y, grads), (y_ref, grads_ref) = result, reference
+    np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, grads_ref):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+
+
+def _traced(function, cpu_kernels: bool):
+    """`function` as a tf.function traced inside (or outside) the `cpu_kernels` scope."""
+    def traced(x):
+        with kernels.cpu_kernels(cpu_kernels):
+            return function(x)
+    return tf.function(traced)
+
+
+def _op_types(function, x) -> set[str]:
+    return graph_op_types(function.get_concrete_function(x).graph.as_graph_def())
+
+
+def _force(monkeypatch, choice: kernels.KernelChoice):
+    monkeypatch.setattr(kernels, "machine_choice", lambda: choice)
+
+
+# --- the choice, from the machine's capabilities ---
+
+
+@pytest.mark.parametrize("flags, norm_dtypes, conv", [
+    (AVX2, {"float32"}, False),                 # AMD EPYC: no bfloat16 LayerNorm, no AMX
+    (AVX512, {"float32", "bfloat16"}, False),   # AVX-512 without bfloat16 hardware
+    (AMX, {"float32", "bfloat16"}, True),       # Sapphire Rapids
+])
+def test_choice_follows_the_cpu(flags, norm_dtypes, conv):
+    choice = kernels.choose(kernels.Capabilities(flags, onednn=True, onednn_layer_norm_op=True))
+    assert choice.onednn_layer_norm == norm_dtypes
+    assert choice.bfloat16_conv_projections is conv
+    assert choice.xla_elementwise
+
+
+@pytest.mark.parametrize("capabilities", [
+    kernels.Capabilities(AMX, onednn=False, onednn_layer_norm_op=True),        # TF_ENABLE_ONEDNN_OPTS=0
+    kernels.Capabilities(AMX, onednn=True, onednn_layer_norm_op=True, accelerator=True),  # a GPU in sight
+    kernels.Capabilities(frozenset(), onednn=True, onednn_layer_norm_op=True),  # flags unreadable (not Linux)
+])
+def test_no_onednn_an_accelerator_or_an_unknown_cpu_mean_portable(capabilities):
+    assert kernels.choose(capabilities) == kernels.PORTABLE
+
+
+def test_layer_norm_op_missing_keeps_the_rest():
+    choice = kernels.choose(kernels.Capabilities(AMX, onednn=True, onednn_layer_norm_op=False))
+    assert choice.onednn_layer_norm == frozenset() and choice.bfloat16_conv_projections
+
+
+def test_environment_switch_forces_portable(monkeypatch):
+    monkeypatch.setenv(kernels.ENV_SWITCH, "portable")
+    assert kernels.machine_choice() == kernels.PORTABLE
+
+
+def test_this_machine_never_gets_a_kernel_its_cpu_lacks():
+    choice, capabilities = kernels.machine_choice(), kernels.detect()
+    if "bfloat16" in choice.onednn_layer_norm:
+        assert capabilities.avx512
+    if choice.bfloat16_conv_projections:
+        assert capabilities.amx
+
+
+# --- each kernel computes what the portable ops compute ---
+
+
+def test_machine_kernels_match_the_portable_path_forward_and_gradients(block_and_tokens):
+    block, tokens = block_and_tokens
+    x = tf.constant(tokens)
+    step = lambda x: _output_and_gradients(block, x)  # noqa: E731
+    fast, portable = _traced(step, True), _traced(step, False)
+    fast_ops, portable_ops = _op_types(fast, x), _op_types(portable, x)
+    if "float32" in kernels.machine_choice().onednn_layer_norm:
+        assert kernels.ONEDNN_LAYER_NORM in fast_ops
+    assert not any(op.startswith("_Mkl") for op in portable_ops)
+    _assert_same(fast(x), portable(x))
+
+
+@pytest.mark.parametrize("choice", [
+    kernels.KernelChoice(onednn_layer_norm=frozenset({"float32"})),
+    kernels.KernelChoice(xla_elementwise=True),
+])
+def test_each_kernel_alone_matches_the_portable_path(monkeypatch, block_and_tokens, choice):
+    if choice.onednn_layer_norm and not kernels.detect().onednn_layer_norm_op:
+        pytest.skip("this TensorFlow build has no oneDNN LayerNorm op")
+    block, tokens = block_and_tokens
+    x = tf.constant(tokens)
+    step = lambda x: _output_and_gradients(block, x)  # noqa: E731
+    portable = _traced(step, False)(x)
+    _force(monkeypatch, choice)
+    _assert_same(_traced(step, True)(x), portable)
+
+
+def test_bfloat16_projections_as_convolutions_match_the_matmuls(monkeypatch, block_and_tokens):
+    """The AMX choice, forced: it runs (emulated) on any CPU, so the maths is checked everywhere."""
+    block = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64, dtype="mixed_bfloat16")
+    block.build((None, 9, 32))
+    block.set_weights(block_and_tokens[0].get_weights())
+    x = tf.constant(block_and_tokens[1])
+    inference = lambda x: block(x, training=False)  # noqa: E731
+    portable = _traced(inference, False)
+    _force(monkeypatch, kernels.KernelChoice(bfloat16_conv_projections=True))
+    fast = _traced(inference, True)
+    assert "Conv2D" in _op_types(fast, x) and "Conv2D" not in _op_types(portable, x)
+    fast, portable = np.asarray(fast(x), "float32"), np.asarray(portable(x), "float32")
+    # Both round to bfloat16 (8 significant bits); only the summation order differs: 2 ulps.
+    np.testing.assert_allclose(fast, portable, rtol=2 ** -6, atol=2 ** -7)
+    assert np.abs(fast - portable).mean() < 2 ** -8
+
+
+# --- fallbacks when an internal is missing or a kernel fails ---
+
+
+def _raise_unavailable(*args, **kwargs):
+    raise _tf_internals.Unavailable("forced by the test")
+
+
+@pytest.mark.parametrize("internal", ["onednn_enabled", "op_registered"])
+def test_missing_detection_internal_means_portable(monkeypatch, internal, caplog):
+    monkeypatch.setattr(_tf_internals, internal, _raise_unavailable)
+    with caplog.at_level(logging.INFO, logger="keras_vit"):
+        choice = kernels.machine_choice()
+    assert not choice.onednn_layer_norm and not choice.bfloat16_conv_projections
+    assert "forced by the test" in caplog.text
+
+
+def test_failing_op_creation_fails_the_probe_and_outputs_stay_right(monkeypatch, block_and_tokens, caplog):
+    block, tokens = block_and_tokens
+    x = tf.constant(tokens)
+    step = lambda x: _output_and_gradients(block, x)  # noqa: E731
+    portable = _traced(step, False)(x)
+    monkeypatch.setattr(_tf_internals, "create_op", _raise_unavailable)
+    with caplog.at_level(logging.INFO, logger="keras_vit"):
+        assert kernels.machine_choice().onednn_layer_norm == frozenset()
+        fast = _traced(step, True)
+        _assert_same(fast(x), portable)
+    assert kernels.ONEDNN_LAYER_NORM not in _op_types(fast, x)
+    if kernels.detect().onednn_layer_norm_op:
+        assert "oneDNN LayerNorm float32 unavailable" in caplog.text
+
+
+def test_wrong_kernel_result_fails_the_probe(monkeypatch):
+    if not kernels.detect().onednn_layer_norm_op:
+        pytest.skip("this TensorFlow build has no oneDNN LayerNorm op")
+    monkeypatch.setattr(kernels, "_portable_layer_norm", lambda x, gamma, beta, epsilon: x)
+    assert "float32" not in kernels.machine_choice().onednn_layer_norm
+
+
+def test_failing_xla_probe_turns_the_elementwise_kernels_off(monkeypatch):
+    monkeypatch.setattr(kernels, "_probe_xla", _raise_unavailable)
+    assert not kernels.machine_choice().xla_elementwise
+
+
+def test_internals_work_on_this_tensorflow():
+    """Fails when a TensorFlow release moves an internal (the kernels would silently turn off)."""
+    assert _tf_internals.op_registered("MatMul") and not _tf_internals.op_registered("NoSuchOp")
+    assert isinstance(_tf_internals.onednn_enabled(), bool)
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.constant([1.0, -2.0])
+        y = _tf_internals.create_op("Relu", [x], tf.float32, {"T": tf.float32}, name="relu")
+    assert y.op.type == "Relu"
+
+
+# --- where the scope is entered: Keras steps of a ViTModel, never exports ---
+
+
+def test_fit_evaluate_predict_enter_the_scope_and_jit_compile_does_not(monkeypatch):
+    seen = []
+    original = kernels.active
+    monkeypatch.setattr(kernels, "active", lambda: seen.append(original() is not kernels.PORTABLE) or original())
+    _force(monkeypatch, kernels.KernelChoice(xla_elementwise=True))
+    model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=2)
+    x, y = np.ones((4, 16, 16, 3), "float32"), np.eye(2)[[0, 1, 0, 1]]
+    model.compile("sgd", "categorical_crossentropy")
+    for run in (lambda: model.fit(x, y, verbose=0), lambda: model.evaluate(x, y, verbose=0),
+                lambda: model.predict(x, verbose=0)):
+        seen.clear()
+        run()
+        assert seen and all(seen), seen
+    model.compile("sgd", "categorical_crossentropy", steps_per_execution=2)
+    seen.clear()
+    model.predict(np.ones((8, 16, 16, 3), "float32"), batch_size=2, verbose=0)
+    assert seen and all(seen), seen
+    model.compile("sgd", "categorical_crossentropy", jit_compile=True)  # XLA compiles the whole step
+    seen.clear()
+    model.fit(x, y, verbose=0)
+    assert seen and not any(seen), seen
+
+
+def test_calls_and_exports_get_portable_ops(monkeypatch, tmp_path):
+    _force(monkeypatch, kernels.KernelChoice(onednn_layer_norm=frozenset({"float32"}), xla_elementwise=True))
+    model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=2)
+    x = tf.ones((2, 16, 16, 3))
+    assert not any(op.startswith("_Mkl") for op in _op_types(tf.function(model), x))
+    model.export(str(tmp_path / "export"), verbose=False)
+    saved = tf.saved_model.load(str(tmp_path / "export"))
+    np.testing.assert_allclose(saved.serve(x), model(x), atol=1e-6)
+
+
+# --- mixed_bfloat16 on every CPU ---
+
+
+def test_mixed_bfloat16_predict_and_fit_run_on_this_cpu_and_match_float32():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), classes=4, classifier_activation=None)
+    randomize(model, scale=0.1)
+    x = np.random.default_rng(1).uniform(0, 255, (6, 32, 32, 3)).astype("float32")
+    logits = model.predict(x, verbose=0)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, np.arange(6) % 4, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    keras.mixed_precision.set_global_policy("float32")
+    reference = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), classes=4,
+                                            classifier_activation=None)
+    randomize(reference, scale=0.1)
+    np.testing.assert_allclose(logits, reference.predict(x, verbose=0), atol=0.05, rtol=0.05)
+
+
+def test_emulated_bfloat16_is_said_once(monkeypatch, caplog):
+    monkeypatch.setattr(kernels, "detect", lambda: kernels.Capabilities(AVX2, True, True))
+    monkeypatch.setattr(kernels, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        for _ in range(2):
+            vit_layers.TransformerBlock(2, 8, dtype="mixed_bfloat16").build((None, 3, 8))
+    assert caplog.text.count("no native bfloat16") == 1
+    monkeypatch.setattr(kernels, "detect", lambda: kernels.Capabilities(AMX, True, True))
+    monkeypatch.setattr(kernels, "_warned", set())
+    caplog.clear()
+    vit_layers.TransformerBlock(2, 8, dtype="mixed_bfloat16").build((None, 3, 8))
+    assert "no native bfloat16" not in caplog.text
