@@ -244,6 +244,42 @@ def test_image_folder_trains_and_counts_corrupt_images(tmp_path):
     assert os.listdir(tmp_path / "run" / "tensorboard")
 
 
+def test_image_folder_decodes_odd_files_and_skips_bad_ones(tmp_path):
+    """Every valid format decodes as serving decodes it; corrupt, truncated, empty, oversized files,
+    a folder and a FIFO named like images are skipped and counted, without a crash or a hang."""
+    from keras_vit import image_io
+    from tests import images as odd
+
+    valid, bad = odd.valid_images(), odd.bad_images()
+    extension = {"jpeg": ".jpg", "png": ".png", "gif": ".gif", "bmp": ".bmp"}
+    for split in ("train", "test"):
+        for name, payload in valid.items():
+            folder = tmp_path / split / ("cat" if "png" in name else "dog")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{name}{extension[name.split('_')[0]]}").write_bytes(payload)
+    train_dog = tmp_path / "train" / "dog"
+    for name, (_, payload, _) in bad.items():
+        kind = next((k for k in extension if k in name), "png")
+        (train_dog / f"{name}{extension[kind]}").write_bytes(payload)
+    (train_dog / "folder.jpg").mkdir()
+    os.mkfifo(train_dog / "pipe.png")  # Reading it would block forever.
+    start = time.time()
+    source = data.folder_source(str(tmp_path), "train")
+    assert source.skipped == len(bad) + 2 and source.num_examples == len(valid)
+    decoded = [(image.numpy(), int(label)) for image, label in source.dataset]
+    in_order = sorted(valid, key=lambda n: ("png" not in n, n))  # cat (PNGs) first, then dog; by file name.
+    assert len(decoded) == len(in_order)
+    for (image, label), name in zip(decoded, in_order):
+        np.testing.assert_array_equal(image, image_io.decode_rgb(tf.constant(valid[name])).numpy(), err_msg=name)
+        assert label == (0 if "png" in name else 1)
+    config = tiny_config("dataset=folder", f"data_dir={tmp_path}", "batch_size=4", "epochs=1", "steps_per_epoch=2")
+    datasets = data.make_datasets(config)
+    assert datasets.skipped == len(bad) + 2
+    images, labels = next(iter(datasets.train))
+    assert images.shape == (4, 16, 16, 3) and np.isfinite(images.numpy()).all()
+    assert time.time() - start < 60
+
+
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
     class PoisonWeights(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
