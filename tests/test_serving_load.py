@@ -97,6 +97,20 @@ def test_bad_images_fail_with_clear_invalid_argument(bad):
             image_io.decode_rgb(tf.constant(data))
 
 
+def test_calibration_folder_decodes_like_serving(valid, bad, tmp_path):
+    from export import data
+
+    for name in ("jpeg_cmyk", "png_rgba", "png_gray", "gif", "bmp"):
+        (tmp_path / f"{name}.{name.split('_')[0]}").write_bytes(valid[name])
+    images = data.directory(tmp_path, (32, 32))
+    assert images.shape == (5, 32, 32, 3)
+    np.testing.assert_allclose(images[0], serving.resize(decoded(valid["bmp"])[None].astype("float32"),
+                                                         (32, 32))[0], atol=1e-3)
+    (tmp_path / "z.png").write_bytes(bad["oversized_png_20000x20000"][1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="over the limit of max_pixels=40000000"):
+        data.directory(tmp_path, (32, 32))
+
+
 # === Export limits ===
 
 
