@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from keras_vit import image_io
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 DATASETS = ("digits", "photos")
 
@@ -49,12 +51,13 @@ def photos(size: tuple[int, int], count: int = 300, seed: int = 0) -> np.ndarray
 
 
 def directory(path: str | os.PathLike, size: tuple[int, int]) -> np.ndarray:
-    """Every image file (jpg, png, bmp, gif) in `path`, sorted by name, decoded as RGB."""
+    """Every image file (jpg, png, bmp, gif) in `path`, sorted by name, decoded as RGB as the
+    serving signature decodes it; a corrupt or oversized file raises InvalidArgumentError."""
     files = sorted(p for p in Path(path).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise ValueError(f"Expected image files ({', '.join(IMAGE_SUFFIXES)}) in {path}. Found none.")
-    return np.stack([_to_model_size(tf.io.decode_image(p.read_bytes(), channels=3, expand_animations=False)[None],
-                                    size)[0] for p in files])
+    return np.stack([_to_model_size(image_io.decode_rgb(tf.constant(p.read_bytes()))[None], size)[0]
+                     for p in files])
 
 
 def load(source: str | os.PathLike, size: tuple[int, int]) -> np.ndarray:

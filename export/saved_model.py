@@ -12,6 +12,7 @@ the temporary directory and leaves no `<version>/`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
@@ -24,10 +25,12 @@ import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 import keras_vit
+from keras_vit import image_io
 
 from export import model_io, serving
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+METADATA_FILE = os.path.join("assets.extra", "keras_vit_export.json")
 
 
 def next_version(base_dir: str | os.PathLike) -> int:
@@ -38,9 +41,10 @@ def next_version(base_dir: str | os.PathLike) -> int:
 
 
 def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, version: int | None = None,
-                       overwrite: bool = False, top_k: int = 5,
-                       class_names: Sequence[str] | None = None) -> Path:
-    """Writes `base_dir/<version>/` (SavedModel + warmup requests) atomically; returns its path.
+                       overwrite: bool = False, top_k: int = 5, class_names: Sequence[str] | None = None,
+                       max_pixels: int = serving.DEFAULT_MAX_PIXELS,
+                       max_batch: int = serving.DEFAULT_MAX_BATCH) -> Path:
+    """Writes `base_dir/<version>/` (SavedModel, warmup requests, metadata) atomically; returns its path.
 
     Args:
         model: a keras_vit classifier (`include_top=True`, softmax or no activation).
@@ -49,6 +53,11 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
         overwrite: replace an existing `<version>/`. Defaults to `False` (FileExistsError).
         top_k: number of `classes`/`scores` returned per image. Defaults to `5`.
         class_names: optional names, one per class, returned as `class_names`.
+        max_pixels: largest height * width of one image on either signature; larger images fail
+            with INVALID_ARGUMENT before they are decoded. Defaults to 40,000,000.
+        max_batch: most images in one request. Defaults to `256`.
+
+    The limits, image size and formats are recorded in `assets.extra/keras_vit_export.json`.
     """
     base = Path(base_dir)
     version = next_version(base) if version is None else version
@@ -58,13 +67,18 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
     if target.exists() and not overwrite:
         raise FileExistsError(f"Version directory {target} already exists. Pass overwrite=True (--overwrite) "
                               f"to replace it, or choose another version (next free: {next_version(base)}).")
-    archive = serving.serving_archive(model, top_k=top_k, class_names=class_names)
+    archive = serving.serving_archive(model, top_k=top_k, class_names=class_names, max_pixels=max_pixels,
+                                      max_batch=max_batch)
     size = model_io.image_size(model)
+    metadata = {"image_size": list(size), "max_pixels": max_pixels, "max_batch": max_batch,
+                "top_k": min(top_k, int(model.output_shape[-1])), "image_formats": list(image_io.FORMATS),
+                "signatures": ["serving_default", serving.BYTES_SIGNATURE]}
     base.mkdir(parents=True, exist_ok=True)
 
     def write(directory: Path) -> None:
         archive.write_out(str(directory), verbose=False)
         write_warmup_requests(directory, size, model_name=base.name)
+        (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
 
     _write_atomically(target, write)
     return target
@@ -123,6 +137,11 @@ def write_warmup_requests(saved_model_dir: str | os.PathLike, size: tuple[int, i
     return path
 
 
+def read_metadata(saved_model_dir: str | os.PathLike) -> dict:
+    """The export's limits and settings from `assets.extra/keras_vit_export.json`."""
+    return json.loads((Path(saved_model_dir) / METADATA_FILE).read_text(encoding="utf-8"))
+
+
 def read_warmup_requests(saved_model_dir: str | os.PathLike) -> list[predict_pb2.PredictRequest]:
     """The PredictRequests stored in a SavedModel's warmup file."""
     path = Path(saved_model_dir) / WARMUP_FILE
@@ -158,13 +177,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", type=int, help="Version number (default: next free).")
     parser.add_argument("--overwrite", action="store_true", help="Replace an existing version.")
     parser.add_argument("--top-k", type=int, default=5, help="classes/scores returned per image (default 5).")
+    parser.add_argument("--max-pixels", type=int, default=serving.DEFAULT_MAX_PIXELS,
+                        help="Largest height*width per image; larger ones are refused with INVALID_ARGUMENT "
+                             f"before decoding (default {serving.DEFAULT_MAX_PIXELS:,}).")
+    parser.add_argument("--max-batch", type=int, default=serving.DEFAULT_MAX_BATCH,
+                        help=f"Most images per request (default {serving.DEFAULT_MAX_BATCH}).")
     args = parser.parse_args(argv)
     model = model_from_arguments(parser, args)
     class_names = None
     if args.class_names:
         class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines()
     path = export_saved_model(model, args.out, version=args.version, overwrite=args.overwrite,
-                              top_k=args.top_k, class_names=class_names)
+                              top_k=args.top_k, class_names=class_names, max_pixels=args.max_pixels,
+                              max_batch=args.max_batch)
     print(f"Wrote SavedModel {path} (signatures: serving_default, {serving.BYTES_SIGNATURE}).")
     return 0
 

@@ -4,6 +4,11 @@
 JPEG/PNG/GIF/BMP strings (what TF Serving's REST API receives as `{"b64": ...}`). Both resize
 to the model's size inside and return `logits`, `probabilities`, top-k `classes` and `scores`,
 and `class_names` when the exporter was given names.
+
+Both are bounded: a request holds at most `max_batch` images of at most `max_pixels` pixels
+each, or fails with INVALID_ARGUMENT naming the limit. Encoded images are checked from their
+headers before anything is decoded (`keras_vit.image_io`), and decoded one at a time, so a
+request never holds more than one decoded image.
 """
 
 from __future__ import annotations
@@ -14,10 +19,13 @@ import keras
 import tensorflow as tf
 
 from export import model_io
+from keras_vit import image_io
 
 IMAGES_KEY = "images"
 BYTES_KEY = "image_bytes"
 BYTES_SIGNATURE = "serving_bytes"
+DEFAULT_MAX_PIXELS = image_io.DEFAULT_MAX_PIXELS
+DEFAULT_MAX_BATCH = 256
 
 
 def resize(images: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
@@ -25,16 +33,31 @@ def resize(images: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
     return tf.image.resize(images, size, method="bilinear", antialias=True)
 
 
-def decode(image_bytes: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
+def decode(image_bytes: tf.Tensor, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS) -> tf.Tensor:
     """A batch of encoded images -> float32 (batch, height, width, 3) in [0, 255] at `size`.
 
-    Undecodable bytes raise InvalidArgumentError for the whole request.
+    Empty, unsupported, corrupt, truncated or over-`max_pixels` images raise InvalidArgumentError
+    for the whole request. Images are decoded one after another (`parallel_iterations=1`).
     """
     def decode_one(data):
-        image = tf.io.decode_image(data, channels=3, expand_animations=False)
-        return resize(tf.cast(image, tf.float32)[tf.newaxis], size)[0]
+        # uint8 goes straight into the resize (same values as casting first, without a float32 copy).
+        return resize(image_io.decode_rgb(data, max_pixels)[tf.newaxis], size)[0]
 
-    return tf.map_fn(decode_one, image_bytes, fn_output_signature=tf.TensorSpec((*size, 3), tf.float32))
+    return tf.map_fn(decode_one, image_bytes, fn_output_signature=tf.TensorSpec((*size, 3), tf.float32),
+                     parallel_iterations=1)
+
+
+def check_batch(batch_size: tf.Tensor, max_batch: int) -> tf.Operation:
+    """An op failing with InvalidArgumentError when a request holds more than `max_batch` images."""
+    message = tf.strings.format("Request of {} images is over the limit of max_batch={} images set at export; "
+                                "split it into smaller requests.", (batch_size, max_batch))
+    return tf.debugging.Assert(batch_size <= max_batch, [message])
+
+
+def check_images(images: tf.Tensor, max_pixels: int, max_batch: int) -> tf.Operation:
+    """The float path's bounds: at most `max_batch` images of 1 to `max_pixels` pixels each."""
+    shape = tf.shape(images)
+    return tf.group(check_batch(shape[0], max_batch), image_io.check_size(shape[1], shape[2], max_pixels))
 
 
 def _predictions(logits: tf.Tensor, top_k: int, class_names: Sequence[str] | None) -> dict[str, tf.Tensor]:
@@ -46,9 +69,22 @@ def _predictions(logits: tf.Tensor, top_k: int, class_names: Sequence[str] | Non
     return outputs
 
 
-def serving_archive(model: keras.Model, *, top_k: int = 5,
-                    class_names: Sequence[str] | None = None) -> keras.export.ExportArchive:
-    """An ExportArchive with the `serving_default` and `serving_bytes` endpoints of `model`."""
+def check_limits(max_pixels: int, max_batch: int) -> None:
+    """Raises ValueError unless both limits are positive ints."""
+    for name, value in (("max_pixels", max_pixels), ("max_batch", max_batch)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+
+
+def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence[str] | None = None,
+                    max_pixels: int = DEFAULT_MAX_PIXELS,
+                    max_batch: int = DEFAULT_MAX_BATCH) -> keras.export.ExportArchive:
+    """An ExportArchive with the `serving_default` and `serving_bytes` endpoints of `model`.
+
+    `max_pixels` bounds each image's height * width and `max_batch` the images per request, on
+    both endpoints.
+    """
+    check_limits(max_pixels, max_batch)
     pixel_logits = model_io.pixel_logits_model(model)
     size = model_io.image_size(model)
     num_classes = int(pixel_logits.output_shape[-1])
@@ -63,10 +99,12 @@ def serving_archive(model: keras.Model, *, top_k: int = 5,
         return _predictions(pixel_logits(images, training=False), top_k, class_names)
 
     def serve_images(images: tf.Tensor) -> dict[str, tf.Tensor]:
-        return predict(resize(images, size))
+        with tf.control_dependencies([check_images(images, max_pixels, max_batch)]):
+            return predict(resize(tf.identity(images), size))
 
     def serve_bytes(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
-        return predict(decode(image_bytes, size))
+        with tf.control_dependencies([check_batch(tf.size(image_bytes), max_batch)]):
+            return predict(decode(tf.identity(image_bytes), size, max_pixels))
 
     archive = keras.export.ExportArchive()
     archive.track(pixel_logits)

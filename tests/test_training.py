@@ -244,6 +244,42 @@ def test_image_folder_trains_and_counts_corrupt_images(tmp_path):
     assert os.listdir(tmp_path / "run" / "tensorboard")
 
 
+def test_image_folder_decodes_odd_files_and_skips_bad_ones(tmp_path):
+    """Every valid format decodes as serving decodes it; corrupt, truncated, empty, oversized files,
+    a folder and a FIFO named like images are skipped and counted, without a crash or a hang."""
+    from keras_vit import image_io
+    from tests import images as odd
+
+    valid, bad = odd.valid_images(), odd.bad_images()
+    extension = {"jpeg": ".jpg", "png": ".png", "gif": ".gif", "bmp": ".bmp"}
+    for split in ("train", "test"):
+        for name, payload in valid.items():
+            folder = tmp_path / split / ("cat" if "png" in name else "dog")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{name}{extension[name.split('_')[0]]}").write_bytes(payload)
+    train_dog = tmp_path / "train" / "dog"
+    for name, (_, payload, _) in bad.items():
+        kind = next((k for k in extension if k in name), "png")
+        (train_dog / f"{name}{extension[kind]}").write_bytes(payload)
+    (train_dog / "folder.jpg").mkdir()
+    os.mkfifo(train_dog / "pipe.png")  # Reading it would block forever.
+    start = time.time()
+    source = data.folder_source(str(tmp_path), "train")
+    assert source.skipped == len(bad) + 2 and source.num_examples == len(valid)
+    decoded = [(image.numpy(), int(label)) for image, label in source.dataset]
+    in_order = sorted(valid, key=lambda n: ("png" not in n, n))  # cat (PNGs) first, then dog; by file name.
+    assert len(decoded) == len(in_order)
+    for (image, label), name in zip(decoded, in_order):
+        np.testing.assert_array_equal(image, image_io.decode_rgb(tf.constant(valid[name])).numpy(), err_msg=name)
+        assert label == (0 if "png" in name else 1)
+    config = tiny_config("dataset=folder", f"data_dir={tmp_path}", "batch_size=4", "epochs=1", "steps_per_epoch=2")
+    datasets = data.make_datasets(config)
+    assert datasets.skipped == len(bad) + 2
+    images, labels = next(iter(datasets.train))
+    assert images.shape == (4, 16, 16, 3) and np.isfinite(images.numpy()).all()
+    assert time.time() - start < 60
+
+
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
     class PoisonWeights(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -406,6 +442,94 @@ def test_multiworker_two_processes_end_with_identical_weights(tmp_path):
     chief, other = _weights(str(tmp_path / "model.keras")), _weights(str(tmp_path / "worker_1" / "model.keras"))
     assert all(np.array_equal(a, b) for a, b in zip(chief, other))
     assert json.load(open(tmp_path / "model.eval.json"))["optimizer_iterations"] == 6
+
+
+KILLABLE_WORKER = textwrap.dedent("""
+    import os, signal, sys, keras
+    from training import configs, distribute, trainer
+    workdir, kill_at, *overrides = sys.argv[1:]
+    marker = os.path.join(workdir, f"killed_worker_{distribute.worker_index()}")
+
+    class KillOnce(keras.callbacks.Callback):
+        \"\"\"SIGKILLs this process as optimizer step `kill_at` begins, on its first run only.\"\"\"
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == int(kill_at) and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    config = configs.apply_overrides(configs.get_config("digits"), overrides)
+    summary = trainer.train_and_evaluate(config, workdir, strategy=distribute.get_strategy("multiworker"),
+                                         callbacks=[KillOnce()], verbose=0)
+    print("ITERATIONS:", summary["optimizer_iterations"])
+""")
+
+
+def _start_workers(workdir, ports: list[int], kill_at: list[int], overrides: list[str]) -> list[subprocess.Popen]:
+    """One process per port, each running KILLABLE_WORKER with its own TF_CONFIG on 127.0.0.1."""
+    processes = []
+    for index, port in enumerate(ports):
+        tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+        processes.append(subprocess.Popen(
+            [sys.executable, "-c", KILLABLE_WORKER, str(workdir), str(kill_at[index]), *overrides],
+            env={**_env(), "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True))
+    return processes
+
+
+def _wait(process: subprocess.Popen, timeout: float) -> tuple[int | None, str]:
+    """(return code, output); SIGKILLs the process when it is still running after `timeout` seconds."""
+    try:
+        output = process.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output = process.communicate()[0]
+        return None, output
+    return process.returncode, output
+
+
+@pytest.mark.parametrize("lagging_backup", [False, True])
+def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path, lagging_backup):
+    """Worker 1 is SIGKILLed as step 7 begins (epoch 2 of 3, batch 3 of 4; backups every 2 steps).
+    Worker 0 is left waiting in the step's all-reduce; it is killed too if it has not failed within
+    60 s. Both restart with the same command, restore the step-6 backup and end identical.
+
+    `lagging_backup` rolls worker 1's backup back to its previous one (step 4, epoch 1), as a kill
+    between the two workers' writes of the step-6 backup would leave it: the chief's state wins
+    (with Keras' plain BackupAndRestore both workers fail at the first step on mismatched collectives)."""
+    ports = _free_ports(2)
+    overrides = [*TINY, "epochs=3", "steps_per_epoch=4", "backup_every_steps=2", "validate=false"]
+    first = _start_workers(tmp_path, ports, kill_at=[-1, 7], overrides=overrides)
+    killed_code, killed_output = _wait(first[1], timeout=200)
+    assert killed_code == -signal.SIGKILL, killed_output[-3000:]
+    start = time.time()
+    survivor_code, survivor_output = _wait(first[0], timeout=60)
+    survivor_s = time.time() - start
+    errors = [line for line in survivor_output.splitlines() if "Error" in line][-1:]
+    backups = {index: json.loads((tmp_path / "backup" / f"worker_{index}" / "training_metadata.json").read_text())
+               for index in (0, 1)}
+    print("\nSURVIVOR:", "killed by the test after 60 s" if survivor_code is None else
+          f"exited {survivor_code} {survivor_s:.1f} s after the kill", errors, "BACKUPS:", backups)
+    assert backups[0] == backups[1] == {"epoch": 1, "batch": 1}  # Written after step 6 (epoch 2, batch 2).
+    if lagging_backup:
+        backup = tmp_path / "backup" / "worker_1"
+        for name in ("latest.weights.h5", "training_metadata.json"):
+            os.replace(backup / f"{name}.bkp", backup / name)
+        assert json.loads((backup / "training_metadata.json").read_text()) == {"epoch": 0, "batch": 3}
+
+    second = _start_workers(tmp_path, ports, kill_at=[-1, 7], overrides=overrides)
+    results = [_wait(process, timeout=200) for process in second]
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    for outdir in (tmp_path, tmp_path / "worker_1"):
+        starts = [json.loads(line) for line in (outdir / "train_log.jsonl").read_text().splitlines()]
+        # The restart begins exactly at the last backup: epoch 2 (index 1) from its first batch,
+        # optimizer step 6; the 4 steps of epoch 2 and the 4 of epoch 3 follow: 14 in all.
+        assert starts == [{"initial_epoch": 0, "optimizer_iterations": 0},
+                          {"initial_epoch": 1, "optimizer_iterations": 6}], (outdir, starts)
+        assert json.load(open(outdir / "model.eval.json"))["optimizer_iterations"] == 14
+    chief, other = _weights(str(tmp_path / "model.keras")), _weights(str(tmp_path / "worker_1" / "model.keras"))
+    assert all(np.array_equal(a, b) for a, b in zip(chief, other))
+    assert not (tmp_path / "backup" / "worker_0").exists() and not (tmp_path / "backup" / "worker_1").exists()
 
 
 def test_sigkill_mid_training_resumes_and_finishes(tmp_path):

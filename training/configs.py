@@ -39,6 +39,7 @@ class Config:
     # Data: "digits" (embedded), "folder" (`data_dir/<split>/<class>/*.jpg`) or a TFDS name.
     dataset: str = "imagenet2012"
     data_dir: str = ""
+    max_image_pixels: int = 40_000_000  # Image folders: larger images are skipped (and counted), never decoded.
     train_split: str = "train[:99%]"
     eval_split: str = "validation"
     download: bool = False  # TFDS: download and prepare if missing.

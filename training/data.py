@@ -15,6 +15,7 @@ from concurrent import futures
 import numpy as np
 import tensorflow as tf
 
+from keras_vit import image_io
 from training.configs import Config
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -29,7 +30,7 @@ class Source:
     num_examples: int | None  # None if the dataset does not say.
     num_classes: int
     shard_policy: tf.data.experimental.AutoShardPolicy
-    skipped: int = 0  # Corrupt files left out.
+    skipped: int = 0  # Unreadable files left out (corrupt, truncated, empty, oversized, not a file).
     class_names: list[str] | None = None  # Image folders: label i is class_names[i].
 
 
@@ -53,22 +54,28 @@ def digits_source(split: str, test_fraction: float = 0.2) -> Source:
                   tf.data.experimental.AutoShardPolicy.DATA)
 
 
-def _readable_image(path: str) -> bool:
-    from PIL import Image
-
+def _decodable(path: str, max_pixels: int) -> bool:
+    """True if `path` is a regular file that the pipeline's decoder reads as an image of at most
+    `max_pixels` pixels (checked from the header first, so oversized files are never decoded).
+    FIFOs, devices and folders named like images are refused without being opened."""
+    if not os.path.isfile(path):
+        return False
     try:
-        with Image.open(path) as image:
-            image.verify()
+        image_io.decode_rgb(tf.io.read_file(path), max_pixels)
         return True
-    except Exception:  # noqa: BLE001 - any decoder failure means "corrupt".
+    except (tf.errors.OpError, OSError):
         return False
 
 
-def folder_source(root: str, split: str, class_names: list[str] | None = None) -> Source:
+def folder_source(root: str, split: str, class_names: list[str] | None = None,
+                  max_pixels: int = image_io.DEFAULT_MAX_PIXELS) -> Source:
     """Images in `root/<split>/<class>/*.jpg` (also png, bmp, gif); classes sorted by name.
 
-    Files that PIL cannot verify are skipped, counted in `Source.skipped` and logged.
-    `class_names` (the training split's) fixes the label order of an evaluation split.
+    Every file is decoded once up front with the pipeline's decoder (`keras_vit.image_io`: RGB,
+    alpha dropped, gray repeated, CMYK converted). Empty, corrupt, truncated and unsupported
+    files, images over `max_pixels` pixels and non-regular files are skipped, counted in
+    `Source.skipped` and logged. `class_names` (the training split's) fixes the label order of
+    an evaluation split.
     """
     split_dir = os.path.join(root, split)
     if not os.path.isdir(split_dir):
@@ -89,21 +96,21 @@ def folder_source(root: str, split: str, class_names: list[str] | None = None) -
         extensions = ",".join(IMAGE_EXTENSIONS)
         raise ValueError(f"Image folder {split_dir!r} has no images: expected <class>/*{{{extensions}}} in class "
                          f"subfolders, found subfolders {found}.")
-    with futures.ThreadPoolExecutor(8) as pool:
-        readable = list(pool.map(_readable_image, paths))
+    with futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        readable = list(pool.map(lambda path: _decodable(path, max_pixels), paths))
     bad = [path for path, ok in zip(paths, readable) if not ok]
     if bad:
-        logging.warning("Skipping %d corrupt image(s) in %s, e.g. %s", len(bad), split_dir, bad[:3])
+        logging.warning("Skipping %d unreadable image(s) (corrupt, truncated, empty, unsupported or over "
+                        "max_pixels=%d) in %s, e.g. %s", len(bad), max_pixels, split_dir, bad[:3])
     if len(bad) == len(paths):
-        raise ValueError(f"Image folder {split_dir!r}: all {len(bad)} images are corrupt.")
+        raise ValueError(f"Image folder {split_dir!r}: all {len(bad)} images are unreadable.")
     paths, labels = zip(*[(path, label) for path, label, ok in zip(paths, labels, readable) if ok])
 
     def decode(path, label):
-        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
-        return tf.cast(image, tf.float32), label
+        return image_io.decode_rgb(tf.io.read_file(path), max_pixels), label
 
     dataset = tf.data.Dataset.from_tensor_slices((list(paths), np.array(labels, "int32")))
-    # ignore_errors drops files that pass PIL's header check but fail to decode (truncated data).
+    # ignore_errors drops files that changed on disk after the check above (they are not counted).
     dataset = dataset.map(decode, num_parallel_calls=AUTOTUNE).ignore_errors(log_warning=True)
     return Source(dataset, len(paths), len(class_names), tf.data.experimental.AutoShardPolicy.DATA, len(bad),
                   class_names)
@@ -139,7 +146,7 @@ def get_source(config: Config, split: str, training: bool, class_names: list[str
     if config.dataset == "folder":
         if not config.data_dir:
             raise ValueError("dataset='folder' needs data_dir=<root with <split>/<class>/*.jpg>.")
-        return folder_source(config.data_dir, split, class_names)
+        return folder_source(config.data_dir, split, class_names, config.max_image_pixels)
     return tfds_source(config.dataset, split, config.data_dir, config.download, shuffle_files=training)
 
 
@@ -215,7 +222,7 @@ class Datasets:
     num_classes: int
     num_train_examples: int | None
     num_eval_examples: int | None
-    skipped: int  # Corrupt files left out of both splits.
+    skipped: int  # Unreadable files left out of both splits.
 
 
 def make_datasets(config: Config) -> Datasets:

@@ -98,6 +98,21 @@ def is_chief() -> bool:
     return worker_index() == 0
 
 
+def broadcast_from_first_replica(strategy: tf.distribute.Strategy, values: list) -> list[tf.Tensor]:
+    """`values` as global replica 0 (on the chief) holds them, on every worker.
+
+    An all-reduce sum in which every other replica contributes zeros, computed in float64 (exact
+    for float32/bfloat16 weights and for integer counters below 2**53) and cast back.
+    """
+    def replica_fn():
+        first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+        shares = [tf.where(first, tf.cast(v, tf.float64), tf.zeros_like(v, tf.float64)) for v in values]
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, shares)
+
+    summed = strategy.experimental_local_results(strategy.run(replica_fn))[0]
+    return [tf.cast(total, tf.as_dtype(v.dtype)) for total, v in zip(summed, values)]
+
+
 class AllReducedClipping:
     """Optimizer mixin: `global_clipnorm` on the gradient summed over replicas, as in the paper.
 

@@ -2,7 +2,8 @@
 crash-safe backups, best/last weights, TensorBoard, NaN stop and a final top-1/top-5 evaluation.
 
 Layout of `workdir` (worker `i > 0` of a multi-worker run writes the same under `workdir/worker_<i>/`):
-    backup/worker_<i>/     keras.callbacks.BackupAndRestore (deleted when a run completes)
+    backup/worker_<i>/     keras.callbacks.BackupAndRestore (deleted when a run completes); on restart
+                           every worker takes the chief's restored state (SyncedBackupAndRestore)
     checkpoints/last.weights.h5, checkpoints/best.weights.h5
     tensorboard/           TensorBoard scalars
     history.csv            one row per epoch, appended across restarts
@@ -161,6 +162,35 @@ class StopOnNaN(keras.callbacks.Callback):
                                f"Lower the learning rate or check the input data.")
 
 
+class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
+    """BackupAndRestore whose restored state is the chief's on every worker of a multi-worker run.
+
+    Each worker backs up to its own folder (a shared one crashes on an HDF5 file lock). A worker
+    killed between the workers' writes of the same backup leaves the backups one save apart;
+    restored as they are, the workers would start from different weights and epochs, and their
+    collectives fail on the first step. After restoring, every worker takes the chief's weights,
+    optimizer state and first epoch.
+    """
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        strategy = self.model.distribute_strategy
+        if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            return
+        variables = [*self.model.variables, *self.model.optimizer.variables]
+        restored = getattr(self.model, "_initial_epoch", None)  # Set by the parent from the backup.
+        epoch = -1 if restored is None else restored
+        *values, chief_epoch = distribute.broadcast_from_first_replica(
+            strategy, [v.value for v in variables] + [tf.constant(epoch, tf.int64)])
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+        chief_epoch = int(chief_epoch)
+        if chief_epoch != epoch:
+            logging.warning("This worker's backup (epoch %d) is replaced by the chief's (epoch %d).", epoch,
+                            chief_epoch)
+        self.model._initial_epoch = chief_epoch if chief_epoch >= 0 else None
+
+
 class RunLog(keras.callbacks.Callback):
     """Appends the first epoch and optimizer iterations of every (re)start to `train_log.jsonl`."""
 
@@ -187,8 +217,8 @@ def make_callbacks(config: Config, workdir: str, outdir: str, worker: int) -> li
     return [
         StopOnNaN(outdir),
         # double_checkpoint: a kill while the backup is written leaves the previous one to restore.
-        keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup", f"worker_{worker}"),
-                                         save_freq=config.backup_every_steps or "epoch", double_checkpoint=True),
+        SyncedBackupAndRestore(os.path.join(workdir, "backup", f"worker_{worker}"),
+                               save_freq=config.backup_every_steps or "epoch", double_checkpoint=True),
         RunLog(os.path.join(outdir, "train_log.jsonl")),
         keras.callbacks.ModelCheckpoint(os.path.join(checkpoints, "last.weights.h5"), save_weights_only=True),
         keras.callbacks.ModelCheckpoint(os.path.join(checkpoints, "best.weights.h5"), save_weights_only=True,

@@ -1,0 +1,110 @@
+"""Decoding untrusted encoded images (JPEG, PNG, GIF, BMP) in TensorFlow, size checked first.
+
+`decode_rgb(data, max_pixels)` reads the image's height and width from its header, fails with
+`InvalidArgumentError` when the image has more than `max_pixels` pixels, and only then decodes.
+A small file can declare a huge image (a 20000x20000 grayscale PNG compresses to a few hundred
+KB and decodes to 400 MB, 4.8 GB as float32 RGB), so the size must be known before decoding.
+
+The headers are read with graph ops only, so the checks run inside exported SavedModels:
+`tf.io.extract_jpeg_shape` for JPEG (it parses markers, it does not decode), and fixed header
+fields for PNG (IHDR, big-endian uint32), GIF (logical screen, little-endian uint16) and BMP
+(BITMAPINFOHEADER int32, or the old uint16 BITMAPCOREHEADER).
+
+Decoded images are RGB uint8: grayscale is repeated to three channels; alpha is dropped (the
+stored colour is kept, as PIL's `convert("RGB")` and torchvision/timm folder loaders do, so
+served and trained images agree); CMYK and YCCK JPEGs are converted to RGB by libjpeg; 16-bit
+PNGs are scaled to 8 bits; GIFs give their first frame.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+DEFAULT_MAX_PIXELS = 40_000_000  # 40 megapixels: more than phone cameras' usual 12-24 MP.
+FORMATS = ("JPEG", "PNG", "GIF", "BMP")
+_HEADER_BYTES = 32
+_PNG_SIGNATURE = (0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A)
+
+
+def _header(data: tf.Tensor) -> tf.Tensor:
+    """The first 32 bytes of `data` as int64, zero-padded when it is shorter."""
+    head = tf.strings.join([tf.strings.substr(data, 0, _HEADER_BYTES), "\0" * _HEADER_BYTES])
+    return tf.cast(tf.io.decode_raw(tf.strings.substr(head, 0, _HEADER_BYTES), tf.uint8), tf.int64)
+
+
+def _starts_with(header: tf.Tensor, signature: tuple[int, ...]) -> tf.Tensor:
+    return tf.reduce_all(tf.equal(header[:len(signature)], tf.constant(signature, tf.int64)))
+
+
+def _unsigned(header: tf.Tensor, start: int, size: int, big_endian: bool) -> tf.Tensor:
+    """The unsigned integer stored in `header[start:start + size]`."""
+    weights = [256 ** i for i in range(size)]
+    if big_endian:
+        weights.reverse()
+    return tf.reduce_sum(header[start:start + size] * tf.constant(weights, tf.int64))
+
+
+def _signed32(header: tf.Tensor, start: int) -> tf.Tensor:
+    """The little-endian int32 stored in `header[start:start + 4]`."""
+    value = _unsigned(header, start, 4, big_endian=False)
+    return tf.where(value >= 2 ** 31, value - 2 ** 32, value)
+
+
+def _bmp_shape(header: tf.Tensor) -> tf.Tensor:
+    """(height, width) of a BMP; its height is negative for top-down rows."""
+    core = tf.equal(_unsigned(header, 14, 4, big_endian=False), 12)  # BITMAPCOREHEADER: uint16 fields.
+    height = tf.where(core, _unsigned(header, 20, 2, big_endian=False), tf.abs(_signed32(header, 22)))
+    width = tf.where(core, _unsigned(header, 18, 2, big_endian=False), tf.abs(_signed32(header, 18)))
+    return tf.stack([height, width])
+
+
+def image_shape(data: tf.Tensor) -> tf.Tensor:
+    """(height, width) int64 of one encoded image, read from its header without decoding.
+
+    Raises InvalidArgumentError for empty data and for data that is not JPEG, PNG, GIF or BMP.
+    """
+    header = _header(data)
+    is_jpeg = _starts_with(header, (0xFF, 0xD8, 0xFF))
+    is_png = _starts_with(header, _PNG_SIGNATURE)
+    is_gif = _starts_with(header, (0x47, 0x49, 0x46, 0x38)) & tf.equal(header[5], 0x61)  # "GIF8?a"
+    is_bmp = _starts_with(header, (0x42, 0x4D))  # "BM"
+    length = tf.strings.length(data)
+    checks = [
+        tf.debugging.Assert(length > 0, ["Empty image: 0 bytes."]),
+        tf.debugging.Assert(is_jpeg | is_png | is_gif | is_bmp, [tf.strings.format(
+            "Unsupported or corrupt image ({} bytes): expected JPEG, PNG, GIF or BMP data.", length)]),
+    ]
+    with tf.control_dependencies(checks):
+        png = tf.stack([_unsigned(header, 20, 4, True), _unsigned(header, 16, 4, True)])
+        gif = tf.stack([_unsigned(header, 8, 2, False), _unsigned(header, 6, 2, False)])
+        other = tf.where(is_png, png, tf.where(is_gif, gif, _bmp_shape(header)))
+        return tf.cond(is_jpeg, lambda: tf.cast(tf.io.extract_jpeg_shape(data)[:2], tf.int64), lambda: other)
+
+
+def check_size(height: tf.Tensor, width: tf.Tensor, max_pixels: int) -> tf.Operation:
+    """An op failing with InvalidArgumentError unless 1 <= height * width <= `max_pixels`."""
+    height, width = tf.cast(height, tf.int64), tf.cast(width, tf.int64)
+    pixels = height * width
+    message = tf.strings.format("Image of {}x{} pixels ({} pixels) is over the limit of max_pixels={} "
+                                "pixels; send a smaller image.", (height, width, pixels, max_pixels))
+    return tf.group(
+        tf.debugging.Assert(pixels <= max_pixels, [message]),
+        tf.debugging.Assert(pixels > 0, [tf.strings.format("Image of {}x{} pixels is empty.", (height, width))]))
+
+
+def decode_rgb(data: tf.Tensor, max_pixels: int = DEFAULT_MAX_PIXELS) -> tf.Tensor:
+    """One encoded image -> uint8 (height, width, 3), refused before decoding if over `max_pixels`.
+
+    Args:
+        data: scalar string tensor, the JPEG, PNG, GIF or BMP file's bytes.
+        max_pixels: int. Largest height * width accepted. Defaults to `DEFAULT_MAX_PIXELS`.
+
+    Raises:
+        tf.errors.InvalidArgumentError: empty, unsupported, corrupt, truncated or oversized data.
+    """
+    shape = image_shape(data)
+    with tf.control_dependencies([check_size(shape[0], shape[1], max_pixels)]):
+        data = tf.identity(data)  # Nothing below runs before the check passed.
+    image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
+    return image
