@@ -83,12 +83,17 @@ def test_choice_follows_the_cpu(flags, norm_dtypes, conv):
     assert choice.xla_elementwise
 
 
+def test_without_onednn_only_the_xla_loops_remain():
+    """TF_ENABLE_ONEDNN_OPTS=0, or TensorFlow's default on AVX2-only CPUs."""
+    choice = kernels.choose(kernels.Capabilities(AMX, onednn=False, onednn_layer_norm_op=True))
+    assert choice == kernels.KernelChoice(xla_elementwise=True)
+
+
 @pytest.mark.parametrize("capabilities", [
-    kernels.Capabilities(AMX, onednn=False, onednn_layer_norm_op=True),        # TF_ENABLE_ONEDNN_OPTS=0
     kernels.Capabilities(AMX, onednn=True, onednn_layer_norm_op=True, accelerator=True),  # a GPU in sight
     kernels.Capabilities(frozenset(), onednn=True, onednn_layer_norm_op=True),  # flags unreadable (not Linux)
 ])
-def test_no_onednn_an_accelerator_or_an_unknown_cpu_mean_portable(capabilities):
+def test_an_accelerator_or_an_unknown_cpu_mean_portable(capabilities):
     assert kernels.choose(capabilities) == kernels.PORTABLE
 
 
@@ -178,19 +183,22 @@ def test_failing_op_creation_fails_the_probe_and_outputs_stay_right(monkeypatch,
     x = tf.constant(tokens)
     step = lambda x: _output_and_gradients(block, x)  # noqa: E731
     portable = _traced(step, False)(x)
+    monkeypatch.setattr(kernels, "detect", lambda: kernels.Capabilities(AVX2, onednn=True, onednn_layer_norm_op=True))
     monkeypatch.setattr(_tf_internals, "create_op", _raise_unavailable)
     with caplog.at_level(logging.INFO, logger="keras_vit"):
         assert kernels.machine_choice().onednn_layer_norm == frozenset()
         fast = _traced(step, True)
         _assert_same(fast(x), portable)
     assert kernels.ONEDNN_LAYER_NORM not in _op_types(fast, x)
-    if kernels.detect().onednn_layer_norm_op:
-        assert "oneDNN LayerNorm float32 unavailable" in caplog.text
+    assert "oneDNN LayerNorm float32 unavailable" in caplog.text
 
 
 def test_wrong_kernel_result_fails_the_probe(monkeypatch):
     if not kernels.detect().onednn_layer_norm_op:
         pytest.skip("this TensorFlow build has no oneDNN LayerNorm op")
+    monkeypatch.setattr(kernels, "detect", lambda: kernels.Capabilities(AVX2, onednn=True, onednn_layer_norm_op=True))
+    assert "float32" in kernels.machine_choice().onednn_layer_norm  # the probe passes with the right maths
+    kernels.machine_choice.cache_clear()
     monkeypatch.setattr(kernels, "_portable_layer_norm", lambda x, gamma, beta, epsilon: x)
     assert "float32" not in kernels.machine_choice().onednn_layer_norm
 
