@@ -22,6 +22,9 @@ _configure_logging()
 from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: E402
 from keras_vit.layers import (ClassToken, MlpBlock, PatchEncoder, Patches, PositionEmbedding,  # noqa: E402
                               StochasticDepth, TokenPooling, TransformerBlock)
+from keras_vit.masked import (MaskedPatchHead, MaskedPatchModel, PatchCorruption, PatchTargets,  # noqa: E402
+                               PatchTokens, masked_patch_loss, masked_patch_model, patch_targets,
+                               transfer_encoder_weights)
 from keras_vit.models import (BUILDERS, R26ViTS32, R50ViTB16, R50ViTL32, ViTB8, ViTB16, ViTB32,  # noqa: E402
                               ViTH14, ViTL16, ViTL32, ViTS16, ViTS32, ViTTi16, VisionTransformer,
                               attention_model)
