@@ -356,6 +356,7 @@ class MaskedPatchModel(keras.Model):
         self.network = network
         self.target = target
         self.accuracy_tracker = keras.metrics.Mean(name="masked_accuracy") if target != "l2" else None
+        self.built = network.built  # Its weights exist: saving needs no call first.
 
     def call(self, images, training=None):
         return self.network(images, training=training)
