@@ -285,3 +285,35 @@ def test_mirrored_two_cpus_fit_on_images_matches_one_device():
     assert value["LOSS DIFF"] < 1e-5, result.stdout
     assert value["LOSS DROP"] > 0.1, result.stdout  # fit on images alone learns.
     assert np.isfinite(value["STOCHASTIC LOSS"]), result.stdout
+
+
+# === The masked_patches recipe ===
+
+
+def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(tmp_path):
+    from training import configs, trainer
+    from training import fewshot as digits_fewshot
+
+    paper = configs.get_config("masked_patches")
+    assert (paper.optimizer, paper.weight_decay, paper.lr, paper.warmup_steps, paper.decay) == (
+        "adamw", 0.0, 2e-4, 10_000, "cosine")  # Adam: AdamW without weight decay.
+    assert (paper.batch_size, paper.corruption_rate, paper.masked_target, paper.target_bits) == (4096, 0.5, "mean", 3)
+    tiny = ["variant=", "patch_size=8", "hidden_dim=16", "mlp_dim=32", "num_heads=2", "num_layers=1",
+            "image_size=16", "batch_size=16", "epochs=1", "steps_per_epoch=2", "total_steps=0", "warmup_steps=1",
+            "dataset=digits", "train_split=train", "eval_split=test", "shuffle_buffer=64", "masked_target=4x4"]
+    config = configs.apply_overrides(paper, tiny)
+    summary = trainer.train_and_evaluate(config, str(tmp_path / "mpp"), verbose=0)
+    assert summary["optimizer_iterations"] == 2 and np.isfinite(summary["loss"]) and "masked_accuracy" in summary
+    assert not os.path.exists(tmp_path / "mpp" / "backup" / "worker_0")  # Removed when the run completes.
+    assert os.path.exists(tmp_path / "mpp" / "train_log.jsonl")
+    trained = keras.saving.load_model(summary["model_path"])
+    # A supervised fine-tune starts from the encoder weights, copied unchanged; its head is new.
+    finetune = configs.apply_overrides(configs.get_config("digits"), [
+        *tiny[:7], "recipe=finetune", f"weights={summary['encoder_weights_path']}"])
+    classifier = trainer.build_model(finetune, 10)
+    for layer in masked.encoder_layers(trained):
+        for source, loaded in zip(layer.weights, classifier.get_layer(layer.name).weights):
+            np.testing.assert_array_equal(np.asarray(source), np.asarray(loaded))
+    # Few-shot evaluation reads the pooled features of encoder.keras.
+    results = digits_fewshot.evaluate(keras.saving.load_model(summary["encoder_path"]), shots=(1,), seeds=1)
+    assert 0.0 <= results[1][0] <= 1.0
