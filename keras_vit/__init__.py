@@ -23,6 +23,9 @@ from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: E40
 from keras_vit.layers import (ClassToken, LayerNorm, MlpBlock, MultiHeadDotProductAttention,  # noqa: E402
                               PatchEncoder, Patches, PositionEmbedding, StochasticDepth, TokenPooling,
                               TransformerBlock)
+from keras_vit.masked import (MaskedPatchHead, MaskedPatchModel, PatchCorruption, PatchTargets,  # noqa: E402
+                               PatchTokens, masked_patch_loss, masked_patch_model, patch_targets,
+                               transfer_encoder_weights)
 from keras_vit.models import (BUILDERS, R26ViTS32, R50ViTB16, R50ViTL32, ViTB8, ViTB16, ViTB32,  # noqa: E402
                               ViTH14, ViTL16, ViTL32, ViTS16, ViTS32, ViTTi16, VisionTransformer,
                               ViTModel, attention_model)

@@ -61,16 +61,9 @@ Returns:
 """
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
-class ViTModel(keras.Model):
-    """A functional `keras.Model` (`ViTModel(inputs, outputs)`) whose `fit` / `evaluate` /
-    `predict` steps may use the machine's CPU kernels (`keras_vit.kernels`).
-
-    The builders return one. Everything else is `keras.Model`: its `__call__`, exports and
-    your own `tf.function`s compute with the portable ops. Wrap a keras_vit backbone in
-    `ViTModel` rather than `keras.Model` (e.g. to add a head) to keep those kernels; with
-    `keras.Model` the wrapper is just as correct, on the portable ops.
-    """
+class CpuKernelSteps:
+    """Mixin for a `keras.Model`: its `fit` / `evaluate` / `predict` steps may use the machine's
+    CPU kernels (`keras_vit.kernels.cpu_kernels`); nothing else changes."""
 
     # The steps' signatures differ by backend (JAX passes its state too): pass them on as they come.
     def train_step(self, *args, **kwargs):
@@ -84,6 +77,18 @@ class ViTModel(keras.Model):
     def predict_step(self, *args, **kwargs):
         with kernels.cpu_kernels(not self.jit_compile):
             return super().predict_step(*args, **kwargs)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ViTModel(CpuKernelSteps, keras.Model):
+    """A functional `keras.Model` (`ViTModel(inputs, outputs)`) whose `fit` / `evaluate` /
+    `predict` steps may use the machine's CPU kernels (`keras_vit.kernels`).
+
+    The builders return one. Everything else is `keras.Model`: its `__call__`, exports and
+    your own `tf.function`s compute with the portable ops. Wrap a keras_vit backbone in
+    `ViTModel` rather than `keras.Model` (e.g. to add a head) to keep those kernels; with
+    `keras.Model` the wrapper is just as correct, on the portable ops.
+    """
 
 
 def _validate(*, include_top, pooling, classes, classifier, position_embedding, classifier_activation,

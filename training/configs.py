@@ -8,6 +8,7 @@ are the paper's (arXiv:2010.11929, Appendix B, Tables 3-4):
     python -m training.train --config=finetune --workdir=/tmp/ft \\
         --override weights=/ckpt/ViT-B_16.npz --override dataset=cifar10 --override total_steps=10000
     python -m training.train --config=digits --workdir=/tmp/digits           # >= 95% top-1 in minutes on CPU
+    python -m training.train --config=masked_patches --workdir=/tmp/mpp      # self-supervised (Sec. 4.6)
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any, Iterable
 class Config:
     """Every hyperparameter of a run. Field comments give the meaning; defaults are `pretrain`'s."""
 
-    recipe: str = "pretrain"  # "pretrain" (keeps the builder's head) or "finetune" (new zero-init head).
+    recipe: str = "pretrain"  # "pretrain" (keeps the builder's head), "finetune" (new zero-init head) or
+    # "masked_patches" (self-supervised masked patch prediction on the images; labels ignored).
     # Model: a variant ("B/16", "R50+B/16", ...) or, with variant "", the explicit architecture below.
     variant: str = "B/16"
     patch_size: int = 16
@@ -70,6 +72,12 @@ class Config:
     validate: bool = True  # Evaluate the eval split after every epoch (for the best checkpoint).
     backup_every_steps: int = 0  # BackupAndRestore frequency; 0 backs up at the end of each epoch.
     seed: int = 0
+    # Masked patch prediction (recipe "masked_patches"; paper Sec. 4.6, App. B.1.2).
+    masked_target: str = "mean"  # "mean" (3-bit mean colour, 512 classes), "4x4" or "l2" (keras_vit.masked).
+    corruption_rate: float = 0.5  # Patches corrupted per image ...
+    mask_rate: float = 0.8  # ... of which this share gets the learnable [mask] embedding,
+    random_rate: float = 0.1  # this share another patch's embedding, the rest unchanged.
+    target_bits: int = 3  # Bits per colour channel of the classification targets.
 
 
 def _pretrain() -> Config:
@@ -96,11 +104,22 @@ def _digits() -> Config:
         validate=False)
 
 
-RECIPES = {"pretrain": _pretrain, "finetune": _finetune, "digits": _digits}
+def _masked_patches() -> Config:
+    """Self-supervised masked patch prediction (Sec. 4.6, App. B.1.2): ViT-B/16, Adam (no weight decay),
+    base lr 2e-4, 10k warmup steps then cosine, batch 4096, 1M steps (the paper's JFT run), 50% of the
+    patches corrupted, 3-bit mean colour targets. Labels of the dataset are ignored. Its outputs
+    (`encoder.weights.h5`, `encoder.keras`) start a `finetune` (`weights=`) or `training.fewshot`."""
+    return dataclasses.replace(
+        Config(), recipe="masked_patches", representation_size=0, dropout_rate=0.0, optimizer="adamw",
+        lr=2e-4, weight_decay=0.0, warmup_steps=10_000, decay="cosine", batch_size=4096,
+        steps_per_epoch=10_000, total_steps=1_000_000)
+
+
+RECIPES = {"pretrain": _pretrain, "finetune": _finetune, "digits": _digits, "masked_patches": _masked_patches}
 
 
 def get_config(name: str = "pretrain") -> Config:
-    """Returns the named recipe (`pretrain`, `finetune` or `digits`) with the paper's defaults."""
+    """Returns the named recipe (`pretrain`, `finetune`, `digits`, `masked_patches`) with the paper's defaults."""
     if name not in RECIPES:
         raise ValueError(f"Unknown config {name!r}. Expected one of {sorted(RECIPES)}.")
     return RECIPES[name]()

@@ -22,7 +22,8 @@ from training import configs, distribute  # noqa: E402
 
 _CONFIG = flags.DEFINE_enum("config", "pretrain", sorted(configs.RECIPES),
                             "Named recipe: pretrain (paper Table 3, AdamW), finetune (Table 4, SGD; needs "
-                            "--override weights=...), digits (small ViT on the embedded digits).")
+                            "--override weights=...), digits (small ViT on the embedded digits), masked_patches "
+                            "(self-supervised masked patch prediction, Sec. 4.6; labels ignored).")
 _OVERRIDE = flags.DEFINE_multi_string(
     "override", [], "key=value changing one config field, repeatable, e.g. --override lr=0.01 "
     f"--override batch_size=512. Fields: {', '.join(f.name for f in dataclasses.fields(configs.Config))}.")
@@ -56,6 +57,10 @@ def main(argv: list[str]) -> None:
     strategy = distribute.get_strategy(_STRATEGY.value, _TPU.value)
     logging.info("Devices: %s", [device.name for device in tf.config.list_logical_devices()])
     summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
+    if config.recipe == "masked_patches":
+        print(f"masked patch loss {summary['loss']:.4f}; encoder saved to {summary['encoder_path']} "
+              f"(weights: {summary['encoder_weights_path']})")
+        return
     print(f"top-1 {summary['top1']:.4f}, top-5 {summary['top5']:.4f}; model saved to {summary['model_path']}")
 
 

@@ -252,10 +252,15 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
         callbacks: extra Keras callbacks, run after the NaN guard.
         verbose: `model.fit` verbosity (the progress bar). Defaults to `"auto"`.
 
+    `recipe="masked_patches"` runs `training.masked.train_masked_patches` instead (its own summary).
+
     Returns:
         dict with `top1`, `top5`, `loss` on the eval split, `model_path`, `eval_path`,
         `optimizer_iterations` and `skipped_examples` (corrupt files left out).
     """
+    if config.recipe == "masked_patches":  # Self-supervised: no labels, its own outputs (training/masked.py).
+        from training import masked
+        return masked.train_masked_patches(config, workdir, strategy=strategy, callbacks=callbacks, verbose=verbose)
     strategy = strategy or tf.distribute.get_strategy()
     if config.precision not in PRECISIONS:
         raise ValueError(f"Unknown precision {config.precision!r}. Expected one of {sorted(PRECISIONS)}.")
