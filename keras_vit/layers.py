@@ -302,7 +302,8 @@ class StochasticDepth(keras.layers.Layer):
             raise ValueError(f"`rate` must be in [0, 1). Received: rate={rate}")
         self.rate = rate
         self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed)
+        # Only when it can drop, as keras.layers.Dropout: no non-trainable state where nothing is random.
+        self.seed_generator = keras.random.SeedGenerator(seed) if rate > 0 else None
 
     def call(self, x, training=None):
         if not training or self.rate == 0.0:

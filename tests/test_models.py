@@ -272,3 +272,10 @@ def test_files_written_by_keras_vit_0_1_0_load_unchanged():
                                           attention_dropout_rate=0.1, drop_path_rate=0.1)
     rebuilt.load_weights(data / "tiny_0_1_0.weights.h5")
     np.testing.assert_allclose(rebuilt.predict(io["images"], verbose=0), io["probabilities"], atol=1e-6)
+
+
+def test_default_model_has_no_non_trainable_state():
+    """No seed generators (non-trainable variables) where nothing is random, as keras.layers.Dropout."""
+    assert not tiny().non_trainable_variables
+    with_drop_path = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), classes=10, drop_path_rate=0.1)
+    assert any("seed_generator" in v.path for v in with_drop_path.non_trainable_variables)
