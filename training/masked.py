@@ -19,7 +19,6 @@ history, TensorBoard. Outputs in `workdir` (besides those of `training.trainer`)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -29,8 +28,6 @@ import keras
 import tensorflow as tf
 
 import keras_vit
-from training import data as data_lib
-from training import distribute
 from training import trainer
 from training.configs import Config
 
@@ -99,16 +96,7 @@ def train_masked_patches(config: Config, workdir: str, *, strategy: tf.distribut
         `model_path`, `encoder_path`, `encoder_weights_path`, `eval_path` and `optimizer_iterations`.
     """
     strategy = strategy or tf.distribute.get_strategy()
-    if config.precision not in trainer.PRECISIONS:
-        raise ValueError(f"Unknown precision {config.precision!r}. Expected one of {sorted(trainer.PRECISIONS)}.")
-    distribute.check_global_batch(config.batch_size, strategy)
-    worker = distribute.worker_index()
-    outdir = workdir if distribute.is_chief() else os.path.join(workdir, f"worker_{worker}")
-    os.makedirs(outdir, exist_ok=True)
-    keras.utils.set_random_seed(config.seed)
-    datasets = data_lib.make_datasets(config)
-    steps_per_epoch, epochs = trainer._schedule(config, datasets.num_train_examples)
-    logging.info("Config: %s", dataclasses.asdict(config))
+    worker, outdir, datasets, steps_per_epoch, epochs = trainer.prepare_run(config, workdir, strategy)
     logging.info("Masked patch prediction (%s target), strategy %s with %d replicas; %s train images; "
                  "%d epochs x %d steps.", config.masked_target, type(strategy).__name__,
                  strategy.num_replicas_in_sync, datasets.num_train_examples, epochs, steps_per_epoch)

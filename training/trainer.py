@@ -241,6 +241,25 @@ def _schedule(config: Config, num_train_examples: int | None) -> tuple[int, int]
     return steps, epochs
 
 
+def prepare_run(config: Config, workdir: str, strategy: tf.distribute.Strategy):
+    """Checks the config against the strategy, seeds, makes this worker's output folder and the datasets.
+
+    Returns:
+        (worker index, output folder, datasets, steps per epoch, epochs).
+    """
+    if config.precision not in PRECISIONS:
+        raise ValueError(f"Unknown precision {config.precision!r}. Expected one of {sorted(PRECISIONS)}.")
+    distribute.check_global_batch(config.batch_size, strategy)
+    worker = distribute.worker_index()
+    outdir = workdir if distribute.is_chief() else os.path.join(workdir, f"worker_{worker}")
+    os.makedirs(outdir, exist_ok=True)
+    keras.utils.set_random_seed(config.seed)
+    datasets = data_lib.make_datasets(config)
+    steps_per_epoch, epochs = _schedule(config, datasets.num_train_examples)
+    logging.info("Config: %s", dataclasses.asdict(config))
+    return worker, outdir, datasets, steps_per_epoch, epochs
+
+
 def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.Strategy | None = None,
                        callbacks: Sequence[keras.callbacks.Callback] = (), verbose: str | int = "auto") -> dict:
     """Trains `config` in `workdir` (resuming from its backup), evaluates, saves the model.
@@ -262,16 +281,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
         from training import masked
         return masked.train_masked_patches(config, workdir, strategy=strategy, callbacks=callbacks, verbose=verbose)
     strategy = strategy or tf.distribute.get_strategy()
-    if config.precision not in PRECISIONS:
-        raise ValueError(f"Unknown precision {config.precision!r}. Expected one of {sorted(PRECISIONS)}.")
-    distribute.check_global_batch(config.batch_size, strategy)
-    worker = distribute.worker_index()
-    outdir = workdir if distribute.is_chief() else os.path.join(workdir, f"worker_{worker}")
-    os.makedirs(outdir, exist_ok=True)
-    keras.utils.set_random_seed(config.seed)
-    datasets = data_lib.make_datasets(config)
-    steps_per_epoch, epochs = _schedule(config, datasets.num_train_examples)
-    logging.info("Config: %s", dataclasses.asdict(config))
+    worker, outdir, datasets, steps_per_epoch, epochs = prepare_run(config, workdir, strategy)
     logging.info("Strategy %s with %d replicas; %s train / %s eval examples, %d classes; %d epochs x %d steps.",
                  type(strategy).__name__, strategy.num_replicas_in_sync, datasets.num_train_examples,
                  datasets.num_eval_examples, datasets.num_classes, epochs, steps_per_epoch)
