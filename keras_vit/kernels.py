@@ -114,8 +114,9 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=None)
 def detect() -> Capabilities:
-    """This process's capabilities (TensorFlow backend; anything unreadable counts as absent)."""
+    """This process's capabilities, read once (TensorFlow backend; anything unreadable counts as absent)."""
     import tensorflow as tf
     accelerator = any(tf.config.list_logical_devices(kind) for kind in ("GPU", "TPU"))
     try:

@@ -547,10 +547,7 @@ class TransformerBlock(keras.layers.Layer):
         self.layer_norm_epsilon = layer_norm_epsilon
 
     def build(self, input_shape):
-        width = input_shape[-1]
-        if width % self.num_heads:
-            raise ValueError(f"Hidden size {width} is not divisible by num_heads={self.num_heads}.")
-        policy = self.dtype_policy
+        policy = self.dtype_policy  # the attention layer's build checks that num_heads divides the width
         kernels.warn_if_bfloat16_is_emulated(self.compute_dtype)
         self.norm_attention = LayerNorm(epsilon=self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
         self.attention = MultiHeadDotProductAttention(self.num_heads, self.attention_dropout_rate,

@@ -21,8 +21,10 @@ AMX = AVX512 | {"avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}
 @pytest.fixture(autouse=True)
 def _fresh_choice():
     """Each test detects and probes the machine anew (some force what it finds)."""
+    kernels.detect.cache_clear()
     kernels.machine_choice.cache_clear()
     yield
+    kernels.detect.cache_clear()
     kernels.machine_choice.cache_clear()
 
 

@@ -3,8 +3,9 @@
 `train_masked_patches(config, workdir)` (what `training.train_and_evaluate` runs for
 `recipe="masked_patches"`) wraps the config's ViT encoder with `keras_vit.masked_patch_model` and fits
 it on the images of any source the trainer reads (labels are dropped), with the same crash safety as
-the supervised recipes: NaN stop first, BackupAndRestore per worker, run log, last weights, CSV
-history, TensorBoard. Outputs in `workdir` (besides those of `training.trainer`):
+the supervised recipes (`training.trainer.make_callbacks` without the best-top-1 checkpoint): NaN
+stop first, synced BackupAndRestore per worker, run log, last weights, CSV history, TensorBoard.
+Outputs in `workdir` (besides those of `training.trainer`):
 
     model.keras               the masked-patch model (corruption, encoder, head, targets)
     encoder.keras             the encoder as a keras_vit model without head (pooled features,
@@ -58,21 +59,6 @@ def images_only(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.map(lambda images, labels: images, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def make_callbacks(config: Config, workdir: str, outdir: str, worker: int) -> list[keras.callbacks.Callback]:
-    """As `training.trainer.make_callbacks`, without the best-top-1 checkpoint (there are no labels)."""
-    checkpoints = os.path.join(outdir, "checkpoints")
-    os.makedirs(checkpoints, exist_ok=True)
-    return [
-        trainer.StopOnNaN(outdir),
-        keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup", f"worker_{worker}"),
-                                         save_freq=config.backup_every_steps or "epoch", double_checkpoint=True),
-        trainer.RunLog(os.path.join(outdir, "train_log.jsonl")),
-        keras.callbacks.ModelCheckpoint(os.path.join(checkpoints, "last.weights.h5"), save_weights_only=True),
-        keras.callbacks.CSVLogger(os.path.join(outdir, "history.csv"), append=True),
-        keras.callbacks.TensorBoard(os.path.join(outdir, "tensorboard")),
-    ]
-
-
 def _save_outputs(model: keras_vit.MaskedPatchModel, encoder: keras.Model, outdir: str) -> dict[str, str]:
     """Writes model.keras (uncompiled), encoder.keras and encoder.weights.h5; returns their paths."""
     paths = {"model_path": os.path.join(outdir, "model.keras"),
@@ -107,7 +93,7 @@ def train_masked_patches(config: Config, workdir: str, *, strategy: tf.distribut
             encoder = build_encoder(config)
             model = build_masked_model(config, encoder)
             model.compile(optimizer=trainer.make_optimizer(config, epochs * steps_per_epoch))
-        nan_guard, *standard = make_callbacks(config, workdir, outdir, worker)
+        nan_guard, *standard = trainer.make_callbacks(config, workdir, outdir, worker, best_metric=None)
         eval_images = images_only(datasets.eval)
         model.fit(images_only(datasets.train), epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
                   validation_data=eval_images if config.validate else None,

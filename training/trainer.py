@@ -209,11 +209,18 @@ class RunLog(keras.callbacks.Callback):
             f.write(json.dumps(entry) + "\n")
 
 
-def make_callbacks(config: Config, workdir: str, outdir: str, worker: int) -> list[keras.callbacks.Callback]:
-    """NaN guard (first), backup per worker, run log, last/best weights, CSV history, TensorBoard."""
+def make_callbacks(config: Config, workdir: str, outdir: str, worker: int,
+                   best_metric: str | None = "top1") -> list[keras.callbacks.Callback]:
+    """NaN guard (first), backup per worker, run log, last/best weights, CSV history, TensorBoard.
+
+    `best_metric`: the metric (higher is better) whose best epoch `checkpoints/best.weights.h5` keeps;
+    `None` for no best checkpoint (e.g. masked-patch pre-training, which has no labels).
+    """
     checkpoints = os.path.join(outdir, "checkpoints")
     os.makedirs(checkpoints, exist_ok=True)
-    monitor = "val_top1" if config.validate else "top1"
+    best = [] if best_metric is None else [keras.callbacks.ModelCheckpoint(
+        os.path.join(checkpoints, "best.weights.h5"), save_weights_only=True,
+        monitor=f"val_{best_metric}" if config.validate else best_metric, mode="max", save_best_only=True)]
     return [
         StopOnNaN(outdir),
         # double_checkpoint: a kill while the backup is written leaves the previous one to restore.
@@ -221,8 +228,7 @@ def make_callbacks(config: Config, workdir: str, outdir: str, worker: int) -> li
                                save_freq=config.backup_every_steps or "epoch", double_checkpoint=True),
         RunLog(os.path.join(outdir, "train_log.jsonl")),
         keras.callbacks.ModelCheckpoint(os.path.join(checkpoints, "last.weights.h5"), save_weights_only=True),
-        keras.callbacks.ModelCheckpoint(os.path.join(checkpoints, "best.weights.h5"), save_weights_only=True,
-                                        monitor=monitor, mode="max", save_best_only=True),
+        *best,
         keras.callbacks.CSVLogger(os.path.join(outdir, "history.csv"), append=True),
         keras.callbacks.TensorBoard(os.path.join(outdir, "tensorboard")),
     ]
