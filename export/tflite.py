@@ -25,7 +25,6 @@ from ai_edge_litert.interpreter import Interpreter
 
 from export import ALL_MODES, data, model_io
 
-MODES = ALL_MODES
 # Max abs difference of the probabilities allowed per mode; int8 modes are judged by top-1 agreement.
 MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
 MIN_TOP1_AGREEMENT = {"int8": 0.98}
@@ -52,7 +51,7 @@ def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[
         return {"optimizations": [tf.lite.Optimize.DEFAULT], "representative_dataset": representative_dataset,
                 "target_spec": {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]},
                 "inference_input_type": tf.uint8, "inference_output_type": tf.uint8}
-    raise ValueError(f"Unknown TFLite mode {mode!r}. Expected one of {MODES}.")
+    raise ValueError(f"Unknown TFLite mode {mode!r}. Expected one of {ALL_MODES}.")
 
 
 def convert(model: keras.Model, path: str | os.PathLike, mode: str,
@@ -165,7 +164,7 @@ def split_images(images: np.ndarray, calibration_count: int, evaluation_count: i
 
 
 def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.ndarray | None = None,
-                  dataset: str | os.PathLike = "digits", modes: Sequence[str] = MODES,
+                  dataset: str | os.PathLike = "digits", modes: Sequence[str] = ALL_MODES,
                   calibration_count: int = 200, evaluation_count: int = 400) -> dict[str, Any]:
     """Writes one `.tflite` file per mode and `report.json` / `report.md` into `out_dir`; returns the report.
 
@@ -175,12 +174,12 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
         images: optional float32 (count, height, width, 3) pixels in [0, 255] at the model size.
             Defaults to images loaded from `dataset`.
         dataset: "digits", "photos" or a directory of images, used when `images` is None.
-        modes: the modes to write. Defaults to all of `MODES`.
+        modes: the modes to write. Defaults to all of `ALL_MODES`.
         calibration_count, evaluation_count: images used to calibrate full int8 and to evaluate.
     """
-    unknown = [mode for mode in modes if mode not in MODES]
+    unknown = [mode for mode in modes if mode not in ALL_MODES]
     if unknown:
-        raise ValueError(f"Unknown TFLite modes {unknown}. Expected a subset of {MODES}.")
+        raise ValueError(f"Unknown TFLite modes {unknown}. Expected a subset of {ALL_MODES}.")
     size = model_io.image_size(model)
     images = data.load(dataset, size) if images is None else np.asarray(images, np.float32)
     if images.shape[1:] != (*size, 3):
@@ -244,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     images.add_argument("--images", help="Directory of real images for calibration and checks.")
     images.add_argument("--dataset", choices=data.DATASETS, default="digits",
                         help="Embedded real images when no --images (default digits).")
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=ALL_MODES, default=list(ALL_MODES))
     args = parser.parse_args(argv)
     model = saved_model.model_from_arguments(parser, args)
     report = export_tflite(model, args.out, dataset=args.images or args.dataset, modes=args.modes)

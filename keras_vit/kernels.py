@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import threading
+import warnings
 
 import keras
 from keras import ops
@@ -85,9 +86,9 @@ PORTABLE = KernelChoice()
 def choose(capabilities: Capabilities) -> KernelChoice:
     """The kernels worth using on a machine with `capabilities` (before the one-time probes).
 
-    Measured on 2-core machines of both kinds this project runs on (benchmarks/RESULTS.md):
-    the XLA elementwise loops pay on AVX2 (ViT-Ti/16 training steps 6-20% faster, with or
-    without oneDNN) and on AMX CPUs; the oneDNN LayerNorm pays where TensorFlow runs on oneDNN
+    From measurements on 2-core machines of both kinds this project runs on (figures in
+    benchmarks/RESULTS.md): the XLA elementwise loops pay on AVX2 (with or without oneDNN) and
+    on AMX CPUs; the oneDNN LayerNorm pays where TensorFlow runs on oneDNN
     (on the AVX2 CPU, where it does not by default, it gained nothing); the bfloat16
     convolutions pay only with AMX.
     """
@@ -218,8 +219,8 @@ def warn_if_bfloat16_is_emulated(compute_dtype: str) -> None:
     if capabilities.accelerator or capabilities.native_bfloat16 or not capabilities.cpu_flags:
         return
     _warned.add("emulated_bfloat16")
-    logger.warning("This CPU has no native bfloat16 (no AVX512-BF16 or AMX): bfloat16 is emulated and "
-                   "float32 is faster here. mixed_bfloat16 still computes correctly.")
+    warnings.warn("keras_vit: this CPU has no native bfloat16 (no AVX512-BF16 or AMX): bfloat16 is emulated and "
+                  "float32 is faster here. mixed_bfloat16 still computes correctly.", stacklevel=2)
 
 
 _warned: set[str] = set()

@@ -31,13 +31,17 @@ Args:
         input size (one fine-tuned at that size if registered, else the 384 one). `.npz`
         weights load at any input size: position embeddings are resampled like the original
         loader does. Registered files are downloaded once into the Keras cache
-        (`~/.keras/models`). Defaults to `"imagenet"`.
+        (`~/.keras/models`). With `include_top=True`, `classes` must be the checkpoint's
+        (1000 for `"imagenet"`), as in `keras.applications`; to fine-tune, build with
+        `include_top=False` and add a head. Defaults to `"imagenet"`.
     input_tensor: optional Keras tensor to use as the image input.
     input_shape: (height, width, channels); height and width divisible by {stride}.
         Defaults to `(224, 224, 3)`.
     pooling: with `include_top=False`: `None` returns the token sequence
         (batch, tokens, {hidden_dim}) after the final norm; `"token"` (class token) or `"avg"`
-        (mean of all tokens) return a vector. Ignored with `include_top=True`.
+        (mean of all tokens) return a vector. Ignored with `include_top=True`. `pooling="avg"` is
+        the same operation as `classifier="gap"`: `classifier` says how the model was trained
+        (with or without a class token), `pooling` what a backbone returns.
     classes: int. Number of classes of the head. Defaults to `1000`.
     classifier_activation: str or callable for the head's output, `None` for logits.
         Defaults to `"softmax"`.
@@ -90,16 +94,28 @@ class ViTModel(CpuKernelSteps, keras.Model):
     `keras.Model` the wrapper is just as correct, on the portable ops.
     """
 
+    def load_weights(self, filepath, *args, **kwargs):
+        """`keras.Model.load_weights` (Keras files); says to use `keras_vit.load_weights` for checkpoints."""
+        if os.fspath(filepath).endswith(".npz"):
+            raise ValueError(f"Model.load_weights reads Keras weights files (.weights.h5), not the original "
+                             f"checkpoint {os.fspath(filepath)!r}: use `keras_vit.load_weights(model, path)`, which "
+                             "maps its keys and resizes position embeddings.")
+        return super().load_weights(filepath, *args, **kwargs)
+
 
 def _validate(*, include_top, pooling, classes, classifier, position_embedding, classifier_activation,
               weights_source) -> None:
     if classifier not in CLASSIFIERS:
-        raise ValueError(f"Unknown classifier {classifier!r}. Expected one of {CLASSIFIERS}.")
+        hint = " (the model's own pooling is spelled classifier='gap'; pooling='avg' is the output pooling)" \
+            if classifier == "avg" else ""
+        raise ValueError(f"Unknown classifier {classifier!r}. Expected one of {CLASSIFIERS}{hint}.")
     if position_embedding not in vit_layers.POSITION_EMBEDDINGS:
         raise ValueError(f"Unknown position_embedding {position_embedding!r}. "
                          f"Expected one of {vit_layers.POSITION_EMBEDDINGS}.")
     if pooling is not None and pooling not in vit_layers.POOLINGS:
-        raise ValueError(f"Unknown pooling {pooling!r}. Expected None or one of {vit_layers.POOLINGS}.")
+        hint = " (global average pooling is spelled pooling='avg' here, classifier='gap' in the model)" \
+            if pooling == "gap" else ""
+        raise ValueError(f"Unknown pooling {pooling!r}. Expected None or one of {vit_layers.POOLINGS}{hint}.")
     if pooling == "token" and classifier == "gap" and not include_top:
         raise ValueError("pooling='token' needs a class token, but classifier='gap' has none. "
                          "Use pooling='avg' or classifier='token'.")

@@ -15,11 +15,11 @@ model is left untouched.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import posixpath
 import re
+import warnings
 import zipfile
 import zlib
 from typing import Callable, Sequence
@@ -28,8 +28,6 @@ import keras
 import numpy as np
 
 from keras_vit import variants
-
-logger = logging.getLogger(__name__)
 
 _BUCKET = "https://storage.googleapis.com/vit_models"
 IMAGENET21K_CLASSES = 21843
@@ -188,6 +186,11 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
 
     Returns:
         None for `weights=None`, else a `WeightsSource`.
+
+    Raises:
+        ValueError: unknown name or unreadable file; or, as `keras.applications`, pretrained weights
+            with `include_top=True` and `classes` other than the checkpoint's head (a new head would be
+            all zeros under softmax: every prediction uniform).
     """
     if weights is None:
         return None
@@ -211,18 +214,44 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
         raise ValueError(f"Unknown weights {weights!r} for variant {variant!r}: not a file, and not a registered "
                          f"name. Expected None, a path to a .npz or .weights.h5 file, or one of {names}.")
     entry = _pick(candidates, image_size, tags)
-    head_loaded = include_top and classes == entry.classes
-    return WeightsSource(entry.url, entry, entry.representation_size if head_loaded else None)
+    if include_top:
+        _check_head(weights, entry.classes, classes)
+    return WeightsSource(entry.url, entry, entry.representation_size if include_top else None)
+
+
+def _check_not_a_model_file(path: str) -> None:
+    if path.endswith(".keras"):
+        raise ValueError(f"{path!r} is a whole Keras model, not a weights file: load it with "
+                         "`keras.saving.load_model(path)`. Weights files are `.npz` checkpoints and `.weights.h5`.")
 
 
 def _resolve_file(path: str, *, include_top: bool, classes: int) -> WeightsSource:
     """A local file; an `.npz` is opened to read its head and pre-logits widths."""
+    _check_not_a_model_file(path)
     if path.endswith(".h5"):
         return WeightsSource(path)
     arrays = read_npz(path, keys=("head/bias", "pre_logits/bias"))
-    head_loaded = include_top and "head/bias" in arrays and arrays["head/bias"].shape == (classes,)
-    representation = arrays["pre_logits/bias"].shape[0] if head_loaded and "pre_logits/bias" in arrays else None
+    if not include_top:
+        return WeightsSource(path)
+    _check_head(path, arrays["head/bias"].shape[0] if "head/bias" in arrays else None, classes)
+    representation = arrays["pre_logits/bias"].shape[0] if "pre_logits/bias" in arrays else None
     return WeightsSource(path, representation_size=representation)
+
+
+def _check_head(weights: str, checkpoint_classes: int | None, classes: int) -> None:
+    """With `include_top=True`, pretrained weights must bring the head: same `classes`."""
+    if checkpoint_classes == classes:
+        return
+    found = f"a {checkpoint_classes}-class head" if checkpoint_classes else "no classification head"
+    raise ValueError(
+        f"weights={weights!r} has {found}, but the model was asked for include_top=True and classes={classes}: "
+        f"its head would be a new all-zeros layer (uniform predictions). Pass classes={checkpoint_classes} to "
+        "use the checkpoint's head, or, to fine-tune for your classes, build the backbone with "
+        "include_top=False and pooling='token' (pooling='avg' for classifier='gap') and add your head: "
+        f"`keras_vit.ViTModel(backbone.input, keras.layers.Dense({classes})(backbone.output))`."
+        if checkpoint_classes else
+        f"weights={weights!r} has no classification head, but the model was asked for include_top=True: build "
+        "it with include_top=False (and `pooling`) and add your head.")
 
 
 # ---------------------------------------------------------------------------------------
@@ -331,8 +360,6 @@ def resample_position_embedding(posemb: np.ndarray, new_grid: int | Sequence[int
         raise ValueError(f"`old_grid` {old_h}x{old_w} does not match the {len(grid)} grid tokens of `posemb`.")
     resized = grid.reshape(old_h, old_w, -1).astype(np.float64)
     resized = _zoom_axis(_zoom_axis(resized, 0, new_h), 1, new_w)
-    logger.info("Resampled position embedding: grid %dx%d -> %dx%d (%d prefix token(s) kept).",
-                old_h, old_w, new_h, new_w, num_prefix_tokens)
     resized = resized.reshape(1, new_h * new_w, -1).astype(posemb.dtype)
     return np.concatenate([prefix, resized], axis=1)
 
@@ -416,6 +443,7 @@ def load(model: keras.Model, source: WeightsSource | str) -> None:
     if isinstance(source, str):
         source = WeightsSource(source)
     path = fetch(source.checkpoint) if source.checkpoint else source.location
+    _check_not_a_model_file(path)
     if path.endswith(".h5"):
         model.load_weights(path)
         return
@@ -431,7 +459,7 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray],
 
     Backbone weights must match one-to-one (position embeddings are resampled to the
     model's grid). Top layers (`pre_logits`, `head`) follow the transfer rules: the head is
-    loaded when its shape matches, else left at its initialization (logged); `pre_logits`
+    loaded when its shape matches, else left at its initialization (with a warning); `pre_logits`
     is then loaded when the model has one and dropped otherwise.
 
     Returns:
@@ -453,7 +481,7 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray],
         mapped[path] = (key, transform(array))
 
     head_kept = _head_loads(variables, mapped)
-    assignments, kept = [], []
+    assignments, kept, resized = [], [], None
     for path, variable in variables.items():
         layer = path.split("/")[0]
         if path not in mapped or (layer == "head" and not head_kept):
@@ -463,6 +491,8 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray],
             continue
         key, value = mapped.pop(path)
         if path == _POSEMB_PATH and value.shape != tuple(variable.shape):
+            rows, columns = model.get_layer("posembed_input").grid_size
+            resized = f"{key!r} resampled from {value.shape[1]} to {variable.shape[1]} tokens ({rows}x{columns} grid)"
             value = _resample_for(model, value, variable, key, problems)
         if value is not None and value.shape != tuple(variable.shape):
             problems.append(f"shape mismatch for key {key!r} -> {path!r}: expected {tuple(variable.shape)}, "
@@ -474,7 +504,11 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray],
             problems.append(f"unexpected key {key!r} {value.shape}: the model has no weight {path!r}")
     if problems:
         raise ValueError(_mismatch_message(model, arrays, variables, problems, origin))
-    _log_top_changes(kept, dropped=[key for key, _ in mapped.values()])
+    # Without a head (include_top=False) dropping the checkpoint's top layers is what was asked for.
+    if "head/kernel" in variables:
+        _warn_top_changes(kept, dropped=[key for key, _ in mapped.values()])
+    if resized:
+        warnings.warn(f"keras_vit: position embedding {resized}, as the original loader does.", stacklevel=3)
     return assignments
 
 
@@ -485,13 +519,13 @@ def _head_loads(variables: dict, mapped: dict) -> bool:
     return mapped["head/kernel"][1].shape == tuple(variables["head/kernel"].shape)
 
 
-def _log_top_changes(kept: list[str], dropped: list[str]) -> None:
-    """Logs the top-layer weights left at their initialization and the checkpoint keys not used."""
+def _warn_top_changes(kept: list[str], dropped: list[str]) -> None:
+    """Warns of the top-layer weights left at their initialization and the checkpoint keys not used."""
     if kept:
-        logger.info("Not in the checkpoint or of another shape, left at their initialization (zeros for the "
-                    "head): %s.", ", ".join(kept))
+        warnings.warn("keras_vit: not in the checkpoint or of another shape, left at their initialization "
+                      f"(zeros for the head): {', '.join(kept)}.", stacklevel=3)
     if dropped:
-        logger.info("Checkpoint keys not used by this model: %s.", ", ".join(dropped))
+        warnings.warn(f"keras_vit: checkpoint keys not used by this model: {', '.join(dropped)}.", stacklevel=3)
 
 
 def _resample_for(model: keras.Model, value: np.ndarray, variable, key: str, problems: list) -> np.ndarray | None:
@@ -528,6 +562,6 @@ def _mismatch_message(model, arrays, variables, problems: list[str], origin: str
 def _warn_if_zero_head(model: keras.Model, assignments) -> None:
     for variable, value in assignments:
         if variable.path == "head/kernel" and not np.any(value):
-            logger.warning("The loaded head of model %r is all zeros (an ImageNet-21k pre-training checkpoint "
-                           "with its head zeroed): every logit equals the bias, whatever the image. Build with "
-                           "include_top=False or other `classes` to fine-tune.", model.name)
+            warnings.warn(f"keras_vit: the loaded head of model {model.name!r} is all zeros (an ImageNet-21k "
+                          "pre-training checkpoint with its head zeroed): every logit equals the bias, whatever "
+                          "the image. Build with include_top=False and add your head to fine-tune.", stacklevel=3)

@@ -6,10 +6,10 @@ runs on the `.npz` arrays directly, with its own order-1 zoom, independent of th
 """
 
 import json
-import logging
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -222,16 +222,18 @@ def test_resample_infers_square_grid_and_rejects_others():
 
 
 @pytest.mark.parametrize("size", [(32, 32), (48, 48), (32, 56)], ids=["native", "larger", "rectangular"])
-def test_vit_matches_reference(vit_file, size, caplog):
+def test_vit_matches_reference(vit_file, size):
     path, arrays = vit_file
-    with caplog.at_level(logging.INFO, logger="keras_vit.weights"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         model = build(path, size)
     x = images(*size)
     np.testing.assert_allclose(logits(model, x), ref_logits(arrays, x), atol=1e-4, rtol=0)
-    resized = [r.message for r in caplog.records if "Resampled position embedding" in r.message]
+    resized = [str(w.message) for w in caught if "position embedding" in str(w.message)]
+    rows, columns = size[0] // 8, size[1] // 8
     assert resized == ([] if size == (32, 32) else
-                       [f"Resampled position embedding: grid 4x4 -> {size[0] // 8}x{size[1] // 8} "
-                        "(1 prefix token(s) kept)."])
+                       [f"keras_vit: position embedding 'Transformer/posembed_input/pos_embedding' resampled from "
+                        f"17 to {1 + rows * columns} tokens ({rows}x{columns} grid), as the original loader does."])
 
 
 def test_gap_checkpoint_matches_reference(tmp_path):
@@ -271,24 +273,56 @@ def i21k_file(tmp_path_factory):
     return ckpt.save(tmp_path_factory.mktemp("ckpt") / "i21k.npz", arrays), arrays
 
 
-def test_i21k_head_and_pre_logits_loaded_with_zero_head_warning(i21k_file, caplog):
+def test_i21k_head_and_pre_logits_loaded_with_zero_head_warning(i21k_file):
     path, arrays = i21k_file
-    with caplog.at_level(logging.INFO, logger="keras_vit.weights"):
+    with pytest.warns(UserWarning, match="is all zeros"):
         model = build(path, classes=21843)  # representation_size inferred from the checkpoint
     np.testing.assert_array_equal(model.get_layer("pre_logits").kernel.numpy(), arrays["pre_logits/kernel"])
     assert not np.any(logits(model, images(32, 32)))
-    assert any(r.levelno == logging.WARNING and "all zeros" in r.message for r in caplog.records)
 
 
-def test_other_classes_get_a_zero_head_and_drop_pre_logits(i21k_file, caplog):
+def test_other_classes_with_a_head_is_an_error_as_in_keras_applications(i21k_file):
+    path, _ = i21k_file
+    with pytest.raises(ValueError, match=r"has a 21843-class head, but the model was asked for include_top=True "
+                                         r"and classes=5.*include_top=False"):
+        build(path, classes=5)
+
+
+@pytest.mark.parametrize("weights", ["imagenet", "imagenet21k"])
+def test_registered_weights_with_other_classes_fail_before_any_download(monkeypatch, weights):
+    def no_download(*args, **kwargs):
+        raise AssertionError("nothing may be downloaded for a call that is an error")
+
+    monkeypatch.setattr(weights_lib, "fetch", no_download)
+    monkeypatch.setattr(keras_vit.models.keras.utils, "get_file", no_download)
+    expected = 1000 if weights == "imagenet" else 21843
+    with pytest.raises(ValueError, match=rf"weights='{weights}' has a {expected}-class head, but the model was "
+                                         r"asked for include_top=True and classes=10"):
+        keras_vit.ViTB16(weights=weights, classes=10)
+    with pytest.raises(ValueError, match=rf"has a {expected}-class head"):
+        keras_vit.ViTB16(classes=10)  if weights == "imagenet" else keras_vit.ViTB16(weights=weights)
+
+
+def test_backbone_drops_the_top_layers_silently(i21k_file):
     path, arrays = i21k_file
-    with caplog.at_level(logging.INFO, logger="keras_vit.weights"):
-        model = build(path, classes=5)
-    assert "pre_logits" not in [layer.name for layer in model.layers]
-    assert not np.any(model.get_layer("head").kernel.numpy())
-    messages = " ".join(r.message for r in caplog.records)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backbone = build(path, include_top=False, pooling="token")
+    assert {"pre_logits", "head"}.isdisjoint(layer.name for layer in backbone.layers)
+    np.testing.assert_array_equal(backbone.get_layer("embedding").kernel.numpy(), arrays["embedding/kernel"])
+
+
+def test_load_weights_into_another_head_warns_and_keeps_a_zero_head(i21k_file):
+    path, arrays = i21k_file
+    model = build(classes=5)
+    with pytest.warns(UserWarning) as caught:
+        keras_vit.load_weights(model, path)
+    messages = " ".join(str(w.message) for w in caught)
     assert "head/kernel" in messages and "pre_logits/kernel" in messages  # kept at init / not used
-    kept = build(path, classes=5, representation_size=48)
+    assert not np.any(model.get_layer("head").kernel.numpy())
+    kept = build(classes=5, representation_size=48)
+    with pytest.warns(UserWarning, match="head/kernel"):
+        keras_vit.load_weights(kept, path)
     np.testing.assert_array_equal(kept.get_layer("pre_logits").kernel.numpy(), arrays["pre_logits/kernel"])
 
 
@@ -386,7 +420,7 @@ def test_registry_entries_are_consistent():
     ("L/32", "imagenet21k", 224, "ViT-L_32.npz"),
 ])
 def test_resolve_picks_checkpoint(variant, weights, size, filename):
-    source = weights_lib.resolve(weights, variant=variant, image_size=(size, size), include_top=True, classes=1000)
+    source = weights_lib.resolve(weights, variant=variant, image_size=(size, size), include_top=False, classes=1000)
     assert source.checkpoint.filename == filename
 
 
@@ -394,8 +428,8 @@ def test_resolve_infers_representation_size_only_when_head_is_loaded():
     def rep(**kwargs):
         return weights_lib.resolve("imagenet21k", variant="B/16", image_size=(224, 224), **kwargs).representation_size
     assert rep(include_top=True, classes=21843) == 768
-    assert rep(include_top=True, classes=1000) is None
     assert rep(include_top=False, classes=21843) is None
+    assert rep(include_top=False, classes=1000) is None
 
 
 @pytest.mark.parametrize("variant, weights, message", [

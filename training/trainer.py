@@ -62,8 +62,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 class FusedAdamUpdate:
     """Optimizer mixin for Keras Adam/AdamW: each variable's update is TensorFlow's fused
     `ResourceApplyAdam` kernel, one op instead of Keras' dozen (the same formula in the same
-    order). A ViT-Ti/16 training step on a 2-core CPU is about 35 ms (2.5%) faster. AMSGrad keeps
-    Keras' update."""
+    order); its measured effect is in benchmarks/RESULTS.md. AMSGrad keeps Keras' update."""
 
     def update_step(self, gradient, variable, learning_rate):
         if self.amsgrad:

@@ -1,0 +1,66 @@
+"""The package as an application meets it: importing it changes nothing of the process's."""
+
+import json
+import subprocess
+import sys
+
+_SNAPSHOT = """
+import json, logging, os, sys
+import keras
+
+def state():
+    package = logging.getLogger("keras_vit")
+    return {"environ": dict(os.environ), "root_handlers": [repr(h) for h in logging.root.handlers],
+            "root_level": logging.root.level, "handlers": [repr(h) for h in package.handlers],
+            "level": package.level, "propagate": package.propagate}
+
+before = state()
+import keras_vit
+print(json.dumps({"before": before, "after": state()}))
+"""
+
+
+def test_import_leaves_logging_and_environment_as_they_were():
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    out = subprocess.run([sys.executable, "-c", _SNAPSHOT], check=True, capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": ":".join(sys.path)}).stdout
+    states = json.loads(out.strip().splitlines()[-1])
+    assert "KERAS_BACKEND" not in states["after"]["environ"]
+    assert states["after"] == states["before"]
+
+
+# ---------------------------------------------------------------------------------------
+# Names that are easy to confuse: the error says which one to use
+# ---------------------------------------------------------------------------------------
+
+def _tiny(**kwargs):
+    import keras_vit
+    from tests.testing import TINY_VIT
+    return keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=3, **kwargs)
+
+
+def test_gap_and_avg_errors_name_the_other_spelling():
+    import pytest
+    with pytest.raises(ValueError, match=r"Unknown classifier 'avg'.*spelled classifier='gap'"):
+        _tiny(classifier="avg")
+    with pytest.raises(ValueError, match=r"Unknown pooling 'gap'.*spelled pooling='avg'"):
+        _tiny(include_top=False, pooling="gap")
+
+
+def test_model_load_weights_of_a_checkpoint_points_to_keras_vit_load_weights(tmp_path):
+    import numpy as np
+    import pytest
+    import keras_vit
+    model = _tiny()
+    checkpoint = tmp_path / "ViT-Ti_16.npz"
+    np.savez(checkpoint, **{"embedding/bias": np.zeros(48, "float32")})
+    before = [w.numpy().copy() for w in model.weights]
+    with pytest.raises(ValueError, match=r"use `keras_vit.load_weights\(model, path\)`"):
+        model.load_weights(str(checkpoint))
+    model.save(tmp_path / "model.keras")
+    with pytest.raises(ValueError, match=r"is a whole Keras model.*keras.saving.load_model"):
+        keras_vit.load_weights(model, str(tmp_path / "model.keras"))
+    with pytest.raises(ValueError, match=r"is a whole Keras model"):
+        _tiny(weights=str(tmp_path / "model.keras"))
+    for old, new in zip(before, model.weights):
+        np.testing.assert_array_equal(old, new.numpy())
