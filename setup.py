@@ -1,30 +1,52 @@
-"""keras_vit: the Vision Transformer (arXiv:2010.11929) for Keras 3 on TensorFlow."""
+"""keras_vit: the Vision Transformer (arXiv:2010.11929) for Keras 3.
+
+`install_requires` and the extras declare the supported version ranges; `constraints.txt` is the exact
+set the tests ran with (`pip install -c constraints.txt -e ".[all]"`).
+
+The repository's `training/` and `export/` folders are installed as `keras_vit.training` and
+`keras_vit.export` (no generic top-level names in site-packages); the command lines are console scripts.
+"""
 
 from setuptools import find_packages, setup
 
+TENSORFLOW = "tensorflow>=2.19,<3"
 EXTRAS = {
-    # Training: input pipelines (TFDS; importlib-resources is an undeclared need of tfds 4.9.10),
-    # absl flags, and the embedded digits dataset shipped inside scikit-learn.
-    "training": ["tensorflow-datasets==4.9.10", "tensorboard==2.21.0", "importlib-resources>=6", "absl-py>=2.1",
+    # Training and export run on TensorFlow (tf.distribute, tf.data, SavedModel, TFLite).
+    "tensorflow": [TENSORFLOW],
+    # Training: input pipelines (TFDS; importlib-resources is an undeclared need of tfds 4.9), absl flags,
+    # and the embedded digits dataset shipped inside scikit-learn.
+    "training": [TENSORFLOW, "tensorflow-datasets>=4.9.4,<5", "importlib-resources>=6", "absl-py>=2.1",
                  "scikit-learn>=1.5"],
     # Export: the LiteRT interpreter (tf.lite.Interpreter is deprecated) and TF Serving's protos.
-    "export": ["ai-edge-litert>=2.0", "tensorflow-serving-api==2.21.0", "absl-py>=2.1"],
-    # Inspection plots.
-    "inspect": ["matplotlib>=3.8"],
-    "test": ["pytest>=8", "scipy>=1.11"],
+    "export": [TENSORFLOW, "ai-edge-litert>=2.0,<3", "tensorflow-serving-api>=2.19,<3", "scikit-learn>=1.5"],
+    # Inspection plots and image files.
+    "inspect": ["matplotlib>=3.8", "pillow>=10"],
+    "test": ["pytest>=8", "scipy>=1.11", "safetensors>=0.4"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 
+COMMANDS = {
+    "keras-vit-train": "keras_vit.cli.train:run",
+    "keras-vit-export": "keras_vit.cli.export:main",
+    "keras-vit-tflite": "keras_vit.cli.tflite:main",
+    "keras-vit-inspect": "keras_vit.cli.inspect:main",
+    "keras-vit-convert": "keras_vit.cli.convert:main",
+    "keras-vit-fewshot": "keras_vit.cli.fewshot:main",
+    "keras-vit-masked-digits": "keras_vit.cli.masked_digits:main",
+}
+
 setup(
     name="keras_vit",
-    version="0.1.0",
+    version="0.2.0",
     description="Vision Transformer (ViT) models, layers and pretrained weights for Keras 3",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["keras_vit", "keras_vit.*"]),
+    packages=find_packages(include=["keras_vit", "keras_vit.*"]) + ["keras_vit.training", "keras_vit.export"],
+    package_dir={"keras_vit.training": "training", "keras_vit.export": "export"},
     package_data={"keras_vit": ["data/*"]},
     python_requires=">=3.10",
-    install_requires=["keras==3.15.1", "tensorflow==2.21.0", "numpy>=1.26", "pillow>=10"],
+    install_requires=["keras>=3.10,<4", "numpy>=1.26"],
     extras_require=EXTRAS,
+    entry_points={"console_scripts": [f"{name}={target}" for name, target in COMMANDS.items()]},
     license="Apache-2.0",
 )

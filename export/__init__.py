@@ -1,7 +1,8 @@
 """Exports keras_vit classifiers for serving: TF Serving SavedModels and LiteRT (`.tflite`) files.
 
-`export_all(model_or_path, out_dir)` writes both and returns a report; `python -m
-export.saved_model` and `python -m export.tflite` are the command-line entry points.
+`export_all(model_or_path, out_dir)` writes both and returns a report. Installed as `keras_vit.export`;
+the command lines are `keras-vit-export` and `keras-vit-tflite` (`python -m export.saved_model` and
+`python -m export.tflite` in a clone). Runs on the TensorFlow backend.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import keras
 import numpy as np
 
 import keras_vit
+from keras_vit._tf_internals import require_tensorflow_backend
+
+require_tensorflow_backend("keras_vit.export")
 
 ALL_MODES = ("float32", "float16", "dynamic_int8", "int8")
 
@@ -33,8 +37,8 @@ def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os
     Returns:
         `{"saved_model": <version dir>, "tflite": <TFLite report dict>, "tflite_markdown": <its table>}`.
     """
-    # Imported here so that `python -m export.saved_model` does not import its own module twice.
-    from export import saved_model, tflite
+    # Imported here, not above: `python -m export.saved_model` would otherwise run that module twice.
+    from . import saved_model, tflite
 
     model = keras_vit.models.load_or_build(model_or_path)
     out = Path(out_dir)

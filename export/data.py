@@ -12,26 +12,15 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import image_io
+from keras_vit import datasets, image_io
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 DATASETS = ("digits", "photos")
 
 
-def _to_model_size(images: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """(count, h, w, 1 or 3) pixels -> float32 (count, height, width, 3), bilinear and antialiased."""
-    images = tf.image.resize(tf.cast(images, tf.float32), size, method="bilinear", antialias=True)
-    if images.shape[-1] == 1:
-        images = tf.image.grayscale_to_rgb(images)
-    return tf.clip_by_value(images, 0.0, 255.0).numpy()
-
-
 def digits(size: tuple[int, int]) -> np.ndarray:
-    """The 1,797 8x8 handwritten digits of `sklearn.datasets.load_digits`, scaled from [0, 16] to [0, 255]."""
-    from sklearn.datasets import load_digits
-
-    images = load_digits().images[..., np.newaxis] * (255.0 / 16.0)
-    return _to_model_size(images, size)
+    """The 1,797 embedded handwritten digits (`keras_vit.datasets.digits`) at `size`."""
+    return datasets.resize(datasets.digits("all")[0], size)
 
 
 def photos(size: tuple[int, int], count: int = 300, seed: int = 0) -> np.ndarray:
@@ -46,7 +35,7 @@ def photos(size: tuple[int, int], count: int = 300, seed: int = 0) -> np.ndarray
         side = int(rng.integers(min(photo.shape[:2]) // 4, min(photo.shape[:2]) + 1))
         top = int(rng.integers(0, photo.shape[0] - side + 1))
         left = int(rng.integers(0, photo.shape[1] - side + 1))
-        crops.append(_to_model_size(photo[np.newaxis, top:top + side, left:left + side], size)[0])
+        crops.append(datasets.resize(photo[np.newaxis, top:top + side, left:left + side], size)[0])
     return np.stack(crops)
 
 
@@ -56,7 +45,7 @@ def directory(path: str | os.PathLike, size: tuple[int, int]) -> np.ndarray:
     files = sorted(p for p in Path(path).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise ValueError(f"Expected image files ({', '.join(IMAGE_SUFFIXES)}) in {path}. Found none.")
-    return np.stack([_to_model_size(image_io.decode_rgb(tf.constant(p.read_bytes()))[None], size)[0]
+    return np.stack([datasets.resize(image_io.decode_rgb(tf.constant(p.read_bytes()))[None], size)[0]
                      for p in files])
 
 

@@ -1,7 +1,9 @@
 """Exports a keras_vit classifier as a TF Serving SavedModel: `BASE_DIR/<version>/`.
 
-    python -m export.saved_model --model vit.keras --out /models/vit [--version N] [--overwrite]
-    python -m export.saved_model --variant B/16 --weights vit.weights.h5 --out /models/vit
+    keras-vit-export --model vit.keras --out /models/vit [--version N] [--overwrite]
+    keras-vit-export --variant B/16 --weights vit.weights.h5 --out /models/vit
+
+(`python -m export.saved_model` in a clone; the command line is `keras_vit/cli/export.py`.)
 
 The version is written atomically: everything (SavedModel and warmup requests) is built in a
 hidden temporary directory next to it, which is then renamed to `<version>`. TF Serving only
@@ -11,7 +13,6 @@ the temporary directory and leaves no `<version>/`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 import keras_vit
 from keras_vit import image_io
 
-from export import model_io, serving
+from . import model_io, serving
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 METADATA_FILE = os.path.join("assets.extra", "keras_vit_export.json")
@@ -149,50 +150,7 @@ def read_warmup_requests(saved_model_dir: str | os.PathLike) -> list[predict_pb2
             for record in tf.data.TFRecordDataset(str(path))]
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, *, class_names: bool = True) -> None:
-    """The model-selection flags shared by the export CLIs (and `--class-names` if `class_names`)."""
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="Path of a `.keras` model file.")
-    source.add_argument("--variant", help='A variant to build, e.g. "B/16" (with --weights).')
-    parser.add_argument("--weights", help="Weights for --variant: a path or a registered name "
-                                          "(default: random weights).")
-    parser.add_argument("--image-size", type=int, default=224, help="Input size for --variant (default 224).")
-    parser.add_argument("--classes", type=int, default=1000, help="Classes for --variant (default 1000).")
-    if class_names:
-        parser.add_argument("--class-names", help="Text file with one class name per line, in class order.")
+if __name__ == "__main__":  # `python -m export.saved_model` in a clone: the `keras-vit-export` command.
+    from keras_vit.cli.export import main
 
-
-def model_from_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> keras.Model:
-    """The model selected by `add_model_arguments` flags."""
-    if args.weights and not args.variant:
-        parser.error("--weights needs --variant (a `.keras` model carries its own weights).")
-    return keras_vit.models.load_or_build(args.model, variant=args.variant, weights=args.weights,
-                               input_shape=(args.image_size, args.image_size, 3), classes=args.classes)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m export.saved_model", description=__doc__.split("\n")[0])
-    add_model_arguments(parser)
-    parser.add_argument("--out", required=True, help="Base directory; the export goes to OUT/<version>/.")
-    parser.add_argument("--version", type=int, help="Version number (default: next free).")
-    parser.add_argument("--overwrite", action="store_true", help="Replace an existing version.")
-    parser.add_argument("--top-k", type=int, default=5, help="classes/scores returned per image (default 5).")
-    parser.add_argument("--max-pixels", type=int, default=serving.DEFAULT_MAX_PIXELS,
-                        help="Largest height*width per image; larger ones are refused with INVALID_ARGUMENT "
-                             f"before decoding (default {serving.DEFAULT_MAX_PIXELS:,}).")
-    parser.add_argument("--max-batch", type=int, default=serving.DEFAULT_MAX_BATCH,
-                        help=f"Most images per request (default {serving.DEFAULT_MAX_BATCH}).")
-    args = parser.parse_args(argv)
-    model = model_from_arguments(parser, args)
-    class_names = None
-    if args.class_names:
-        class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines()
-    path = export_saved_model(model, args.out, version=args.version, overwrite=args.overwrite,
-                              top_k=args.top_k, class_names=class_names, max_pixels=args.max_pixels,
-                              max_batch=args.max_batch)
-    print(f"Wrote SavedModel {path} (signatures: serving_default, {serving.BYTES_SIGNATURE}).")
-    return 0
-
-
-if __name__ == "__main__":
     raise SystemExit(main())

@@ -18,7 +18,7 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from export import model_io
+from . import model_io
 from keras_vit import image_io
 
 IMAGES_KEY = "images"

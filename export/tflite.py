@@ -1,6 +1,8 @@
 """Exports a keras_vit classifier to LiteRT (`.tflite`) in four modes and checks each one.
 
-    python -m export.tflite --model vit.keras --out exports/tflite [--images DIR | --dataset digits]
+    keras-vit-tflite --model vit.keras --out exports/tflite [--images DIR | --dataset digits]
+
+(`python -m export.tflite` in a clone; the command line is `keras_vit/cli/tflite.py`.)
 
 Modes: `float32`; `float16` (float16 weights); `dynamic_int8` (int8 weights, float activations);
 `int8` (full integer: int8 weights and activations, uint8 pixels in and uint8 probabilities out,
@@ -11,7 +13,6 @@ report (`report.json`, `report.md`) gives size, latency, max abs difference and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -23,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 from ai_edge_litert.interpreter import Interpreter
 
-from export import ALL_MODES, data, model_io
+from . import ALL_MODES, data, model_io
 
 # Max abs difference of the probabilities allowed per mode; int8 modes are judged by top-1 agreement.
 MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
@@ -233,23 +234,7 @@ def _check_text(result: dict[str, Any]) -> str:
     return f"{'PASS' if result['passed'] else 'FAIL'} ({rule}, built-in ops only)"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from export import saved_model  # The shared model-selection flags.
+if __name__ == "__main__":  # `python -m export.tflite` in a clone: the `keras-vit-tflite` command.
+    from keras_vit.cli.tflite import main
 
-    parser = argparse.ArgumentParser(prog="python -m export.tflite", description=__doc__.split("\n")[0])
-    saved_model.add_model_arguments(parser, class_names=False)
-    parser.add_argument("--out", required=True, help="Output directory for .tflite files and the report.")
-    images = parser.add_mutually_exclusive_group()
-    images.add_argument("--images", help="Directory of real images for calibration and checks.")
-    images.add_argument("--dataset", choices=data.DATASETS, default="digits",
-                        help="Embedded real images when no --images (default digits).")
-    parser.add_argument("--modes", nargs="+", choices=ALL_MODES, default=list(ALL_MODES))
-    args = parser.parse_args(argv)
-    model = saved_model.model_from_arguments(parser, args)
-    report = export_tflite(model, args.out, dataset=args.images or args.dataset, modes=args.modes)
-    print(markdown_report(report))
-    return 0 if all(result["passed"] for result in report["modes"]) else 1
-
-
-if __name__ == "__main__":
     raise SystemExit(main())

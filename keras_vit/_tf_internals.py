@@ -45,3 +45,13 @@ def create_op(op_type: str, inputs, output_dtype, attrs: dict, name: str):
         return graph._create_op_internal(op_type, inputs, [output_dtype], name=name, attrs=protos).outputs[0]
     except (ImportError, AttributeError, TypeError) as error:
         raise Unavailable(f"Graph._create_op_internal: {error}") from error
+
+
+def require_tensorflow_backend(package: str) -> None:
+    """Raises ImportError, saying what to do, unless Keras runs on TensorFlow."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise ImportError(f"{package} runs on TensorFlow (tf.distribute, tf.data, SavedModel, TFLite), but Keras "
+                          f"runs on {keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow before Keras is "
+                          "imported.")

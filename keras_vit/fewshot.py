@@ -2,16 +2,21 @@
 
 The paper's few-shot accuracies fit a linear map from frozen pre-logit features of k
 examples per class onto {-1, 1}^K targets by regularized least squares, in closed form,
-and report the accuracy of its argmax on a test split. The command line is
-`python -m training.fewshot`.
+and report the accuracy of its argmax on a test split. `digits_accuracy` runs it on the
+embedded digits; the command line is `keras-vit-fewshot`.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import keras
 import numpy as np
 
+from keras_vit import datasets
 from keras_vit.models import ViTModel
+
+SHOTS = (1, 5, 10, 25)
 
 FEATURE_LAYERS = ("pre_logits", "pool")
 
@@ -78,3 +83,26 @@ def few_shot_accuracy(train_features: np.ndarray, train_labels: np.ndarray, test
     weights, bias = fit_least_squares(np.asarray(train_features)[chosen], train_labels[chosen], num_classes, l2_reg)
     predictions = np.argmax(np.asarray(test_features, dtype="float64") @ weights + bias, axis=1)
     return float(np.mean(predictions == test_labels))
+
+
+def digits_accuracy(model: keras.Model, shots: Sequence[int] = SHOTS, l2_reg: float = 1.0,
+                    seeds: int = 3) -> dict[int, tuple[float, float]]:
+    """Few-shot accuracy on the embedded digits for each k: `{k: (mean, std over seeds)}`.
+
+    Half of each class (`keras_vit.datasets.digits`, `test_fraction=0.5`) is the pool the k-shot
+    sets are drawn from, the other half the test split; digits are resized to the model's input
+    and gray is repeated over its channels.
+    """
+    extractor = feature_extractor(model)
+    height, width, channels = model.inputs[0].shape[1:]
+    features, labels = {}, {}
+    for split in ("train", "test"):
+        images, labels[split] = datasets.digits(split, test_fraction=0.5)
+        resized = datasets.resize(images, (height, width), channels)
+        features[split] = extractor.predict(resized, batch_size=64, verbose=0)
+    results = {}
+    for k in shots:
+        accuracies = [few_shot_accuracy(features["train"], labels["train"], features["test"], labels["test"], k,
+                                        l2_reg, seed) for seed in range(seeds)]
+        results[k] = (float(np.mean(accuracies)), float(np.std(accuracies)))
+    return results

@@ -12,22 +12,17 @@ Four views, each computed from a model's own weights (attention comes from
 - `embedding_filters`: principal components of the patch-embedding kernel as RGB tiles
   (paper Fig. 7 left).
 
-Command line, writing the four figures as PNG:
-
-    python -m keras_vit.inspect --model digits_vit.keras --image photo.jpg --out inspect/
-    python -m keras_vit.inspect --variant B/16 --weights B_16.npz --image photo.jpg --out inspect/
+`write_figures` draws all four as PNG (matplotlib, imported only when drawing); the command
+line is `keras-vit-inspect` (`keras_vit/cli/inspect.py`).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Iterator, Sequence
 
 import keras
 import numpy as np
-from matplotlib.figure import Figure
-from PIL import Image
 
 from keras_vit import layers as vit_layers
 from keras_vit import models as vit_models
@@ -218,8 +213,16 @@ def embedding_filters(model: keras.Model, n: int = 28) -> np.ndarray:
 
 # === Plots ===
 
-def _save(figure: Figure, path: str) -> str:
-    # Figure without pyplot renders with Agg and leaves the user's matplotlib backend alone.
+def _figure(**kwargs):
+    """A matplotlib Figure without pyplot: it renders with Agg and leaves the user's backend alone."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError("Drawing the inspection figures needs matplotlib: `pip install matplotlib`.") from error
+    return Figure(**kwargs)
+
+
+def _save(figure, path: str) -> str:
     figure.savefig(path, dpi=100, bbox_inches="tight")
     return path
 
@@ -233,7 +236,7 @@ def _display(image: np.ndarray) -> np.ndarray:
 def plot_rollout(image: np.ndarray, heatmap: np.ndarray, path: str) -> str:
     """Saves the image and the rollout map overlaid on it, side by side (paper Fig. 6)."""
     height, width = image.shape[:2]
-    figure = Figure(figsize=(8, 4 * height / width + 0.6))
+    figure = _figure(figsize=(8, 4 * height / width + 0.6))
     left, right = figure.subplots(1, 2)
     for axis, title in ((left, "input"), (right, "attention rollout")):
         axis.imshow(_display(image), cmap="gray")
@@ -251,7 +254,7 @@ def plot_mean_distance(distances: np.ndarray, path: str, uniform: float | None =
 
     `uniform`, if given, is drawn as a dashed line: the distance of uniform attention.
     """
-    figure = Figure(figsize=(5, 4))
+    figure = _figure(figsize=(5, 4))
     axis = figure.subplots()
     layers = np.arange(1, distances.shape[0] + 1)
     if uniform is not None:
@@ -282,7 +285,7 @@ def plot_position_similarity(similarity: np.ndarray, path: str) -> str:
     """Saves the grid of cosine-similarity grids (paper Fig. 7 centre)."""
     rows, columns = similarity.shape[:2]
     mosaic = _mosaic(similarity.reshape(rows * columns, rows, columns), columns)
-    figure = Figure(figsize=(6, 6 * rows / columns + 0.5))
+    figure = _figure(figsize=(6, 6 * rows / columns + 0.5))
     axis = figure.subplots()
     shown = axis.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
     axis.set_title("position embedding similarity")
@@ -297,14 +300,14 @@ def plot_position_similarity(similarity: np.ndarray, path: str) -> str:
 def plot_filters(tiles: np.ndarray | None, path: str, columns: int = 7, note: str = "") -> str:
     """Saves the principal-component filter tiles (paper Fig. 7 left), or `note` if `tiles` is None."""
     if tiles is None:
-        figure = Figure(figsize=(6, 2))
+        figure = _figure(figsize=(6, 2))
         axis = figure.subplots()
         axis.text(0.5, 0.5, note, ha="center", va="center", wrap=True)
         axis.axis("off")
         return _save(figure, path)
     mosaic = _mosaic(tiles, min(columns, len(tiles)))
     mosaic = np.where(np.isnan(mosaic), 1.0, mosaic)
-    figure = Figure(figsize=(6, 6 * mosaic.shape[0] / mosaic.shape[1] + 0.5))
+    figure = _figure(figsize=(6, 6 * mosaic.shape[0] / mosaic.shape[1] + 0.5))
     axis = figure.subplots()
     axis.imshow(mosaic[..., 0] if mosaic.shape[-1] == 1 else mosaic, cmap="gray", interpolation="nearest")
     axis.set_title(f"embedding filters (first {len(tiles)} principal components)")
@@ -312,23 +315,7 @@ def plot_filters(tiles: np.ndarray | None, path: str, columns: int = 7, note: st
     return _save(figure, path)
 
 
-# === Command line ===
-
-def load_image(path: str, height: int, width: int, channels: int) -> np.ndarray:
-    """Reads an image file as (height, width, channels) float32 pixels in [0, 255]."""
-    modes = {1: "L", 3: "RGB"}
-    if channels not in modes:
-        raise ValueError(f"Can read images for 1- or 3-channel models. Received channels={channels}")
-    with Image.open(path) as image:
-        image = image.convert(modes[channels]).resize((width, height), Image.BILINEAR)
-    return np.asarray(image, dtype="float32").reshape(height, width, channels)
-
-
-def model_from_args(model_path: str | None, variant: str | None, weights: str | None,
-                    image_size: Sequence[int]) -> keras.Model:
-    """A saved `.keras` model, or a variant built at `image_size` (height, width) with `weights`."""
-    return vit_models.load_or_build(model_path, variant=variant, weights=weights, input_shape=(*image_size, 3))
-
+# === Figures ===
 
 def write_figures(model: keras.Model, images: np.ndarray, out_dir: str, filters: int = 28) -> list[str]:
     """Writes the four inspection figures of `model` to `out_dir`; returns their paths.
@@ -350,37 +337,3 @@ def write_figures(model: keras.Model, images: np.ndarray, out_dir: str, filters:
         plot_filters(None, paths[3], note=f"No pixel filters: the patch embedding takes {channels} "
                                           f"ResNet feature channels (hybrid model).")
     return paths
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m keras_vit.inspect", description=__doc__.split("\n\n")[0],
-        epilog=f"Writes {', '.join(FIGURES)} to --out.")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="a saved keras_vit model (.keras)")
-    source.add_argument("--variant", help='a variant name, e.g. "B/16" or "R50+B/16"')
-    parser.add_argument("--weights", help="weights for --variant: a registered name or a file path "
-                                          "(default: random initialization)")
-    parser.add_argument("--image-size", type=int, nargs=2, default=(224, 224), metavar=("HEIGHT", "WIDTH"),
-                        help="input size for --variant (default: 224 224)")
-    parser.add_argument("--image", nargs="+", required=True,
-                        help="image file(s); resized to the model input. The rollout uses the first, "
-                             "the attention distance averages all")
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--filters", type=int, default=28, help="principal components to show (default: 28)")
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> list[str]:
-    args = _parser().parse_args(argv)
-    model = model_from_args(args.model, args.variant, args.weights, args.image_size)
-    height, width, channels = model.inputs[0].shape[1:]
-    images = np.stack([load_image(path, height, width, channels) for path in args.image])
-    paths = write_figures(model, images, args.out, args.filters)
-    for path in paths:
-        print(path)
-    return paths
-
-
-if __name__ == "__main__":
-    main()

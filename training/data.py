@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 from concurrent import futures
 
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import image_io
-from training.configs import Config
+from keras_vit import datasets, image_io
+from .configs import Config
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 AUTOTUNE = tf.data.AUTOTUNE
@@ -39,24 +38,10 @@ class Source:
 
 
 def digits_source(split: str, test_fraction: float = 0.2) -> Source:
-    """scikit-learn's 1,797 handwritten 8x8 digits (0-16 scaled to 0-255, RGB), stratified split
-    `"train"` (80%) / `"test"` (20%), always the same (seed 0). `"train[:N%]"` is a stratified N%
-    of the training split (seed 0), e.g. for fine-tuning with few labels."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    match = re.fullmatch(r"(train|test)(?:\[:(\d+)%\])?", split)
-    if not match or (match.group(2) is not None and not 0 < int(match.group(2)) <= 100):
-        raise ValueError(f"Unknown digits split {split!r}. Expected 'train', 'test' or e.g. 'train[:10%]'.")
-    digits = load_digits()
-    images = np.repeat((digits.images * (255.0 / 16.0)).astype("float32")[..., None], 3, axis=-1)
-    train_x, test_x, train_y, test_y = train_test_split(images, digits.target, test_size=test_fraction,
-                                                        stratify=digits.target, random_state=0)
-    x, y = (train_x, train_y) if match.group(1) == "train" else (test_x, test_y)
-    percent = int(match.group(2) or 100)
-    if percent < 100:
-        x, _, y, _ = train_test_split(x, y, train_size=percent / 100, stratify=y, random_state=0)
-    return Source(tf.data.Dataset.from_tensor_slices((x, y.astype("int32"))), len(x), 10,
+    """The embedded digits (`keras_vit.datasets.digits`: 8x8, RGB, [0, 255]): `"train"` (80%), `"test"`
+    (20%), or `"train[:N%]"`, a stratified N% of the training split, e.g. for fine-tuning with few labels."""
+    images, labels = datasets.digits(split, test_fraction=test_fraction)
+    return Source(tf.data.Dataset.from_tensor_slices((images, labels)), len(images), datasets.NUM_CLASSES,
                   tf.data.experimental.AutoShardPolicy.DATA)
 
 

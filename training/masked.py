@@ -29,8 +29,8 @@ import keras
 import tensorflow as tf
 
 import keras_vit
-from training import trainer
-from training.configs import Config
+from . import trainer
+from .configs import Config
 
 
 def build_encoder(config: Config) -> keras.Model:

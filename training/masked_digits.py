@@ -27,8 +27,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from keras_vit import fewshot  # noqa: E402
-from training import configs, data, trainer  # noqa: E402
-from training import masked as masked_training  # noqa: E402
+from . import configs, data, trainer  # noqa: E402
+from . import masked as masked_training  # noqa: E402
 
 PRETRAIN = ["dataset=digits", "train_split=train", "eval_split=test", "total_steps=0", "steps_per_epoch=0",
             "batch_size=64", "lr=1e-3", "warmup_steps=100", "inception_crop=true", "crop_min_area=0.6",

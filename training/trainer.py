@@ -25,9 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 import keras_vit
-from training import data as data_lib
-from training import distribute
-from training.configs import Config
+from . import data as data_lib
+from . import distribute
+from .configs import Config
 
 PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
 
@@ -283,7 +283,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
         `optimizer_iterations` and `skipped_examples` (corrupt files left out).
     """
     if config.recipe == "masked_patches":  # Self-supervised: no labels, its own outputs (training/masked.py).
-        from training import masked
+        from . import masked
         return masked.train_masked_patches(config, workdir, strategy=strategy, callbacks=callbacks, verbose=verbose)
     strategy = strategy or tf.distribute.get_strategy()
     worker, outdir, datasets, steps_per_epoch, epochs = prepare_run(config, workdir, strategy)

@@ -1,0 +1,52 @@
+"""What the command lines share: the model-selection flags and reading image files."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+import keras
+import numpy as np
+
+from keras_vit import models
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, classes: bool = True) -> None:
+    """`--model FILE.keras` or `--variant NAME [--weights W] [--image-size SIZE [WIDTH]] [--classes N]`."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="a saved keras_vit model (.keras)")
+    source.add_argument("--variant", help='a variant to build, e.g. "B/16" or "R50+B/16"')
+    parser.add_argument("--weights", help="weights for --variant: a registered name or a file path "
+                                          "(default: random initialization)")
+    parser.add_argument("--image-size", type=int, nargs="+", default=[224], metavar="SIZE",
+                        help="input size for --variant: one value (square) or height width (default: 224)")
+    if classes:
+        parser.add_argument("--classes", type=int, default=1000, help="classes for --variant (default: 1000)")
+
+
+def image_size(parser: argparse.ArgumentParser, values: Sequence[int]) -> tuple[int, int]:
+    """`--image-size` as (height, width)."""
+    if len(values) not in (1, 2):
+        parser.error(f"--image-size takes one value or height width. Received: {list(values)}")
+    return values[0], values[-1]
+
+
+def model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> keras.Model:
+    """The model the `add_model_arguments` flags select."""
+    if args.weights and not args.variant:
+        parser.error("--weights needs --variant (a .keras model carries its own weights).")
+    height, width = image_size(parser, args.image_size)
+    return models.load_or_build(args.model, variant=args.variant, weights=args.weights,
+                                input_shape=(height, width, 3), classes=getattr(args, "classes", 1000))
+
+
+def load_image(path: str, height: int, width: int, channels: int) -> np.ndarray:
+    """Reads an image file as (height, width, channels) float32 pixels in [0, 255]."""
+    from PIL import Image
+
+    modes = {1: "L", 3: "RGB"}
+    if channels not in modes:
+        raise ValueError(f"Can read images for 1- or 3-channel models. Received channels={channels}")
+    with Image.open(path) as image:
+        image = image.convert(modes[channels]).resize((width, height), Image.BILINEAR)
+    return np.asarray(image, dtype="float32").reshape(height, width, channels)
