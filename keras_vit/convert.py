@@ -8,6 +8,12 @@ largest absolute difference between the two models' logits on a fixed random inp
 (0 for a faithful conversion). Without `--variant` the architecture is read from the
 checkpoint's shapes. Load the result with `weights="path.weights.h5"` and the same
 arguments (variant, input size, classes, representation size).
+
+A timm or Hugging Face ViT `.safetensors` file converts to `.weights.h5` or `.keras`
+(`keras_vit.torch_checkpoints.convert_safetensors`); the printed difference is then against a
+NumPy forward pass of the source model, on [-1, 1] inputs:
+
+    python -m keras_vit.convert vit_tiny.safetensors vit_tiny.keras
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from keras_vit import models, variants
+from keras_vit import models, torch_checkpoints, variants
 from keras_vit import weights as weights_lib
 
 
@@ -53,16 +59,23 @@ def checkpoint_architecture(arrays: dict[str, np.ndarray]) -> dict:
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m keras_vit.convert", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="original .npz checkpoint (either Flax naming)")
-    parser.add_argument("output", help="output path, ending in .weights.h5")
+    parser.add_argument("checkpoint", help="original .npz checkpoint (either Flax naming), or a timm / Hugging "
+                                           "Face .safetensors file")
+    parser.add_argument("output", help="output path, ending in .weights.h5 (or .keras for a .safetensors file)")
     parser.add_argument("--variant", help="variant, e.g. B/16 or R50+B/16 (default: read from the checkpoint)")
     parser.add_argument("--image-size", type=int, nargs="+", metavar="SIZE",
                         help="input size, one value or height width (default: the checkpoint's)")
     parser.add_argument("--classes", type=int,
                         help="head size; another value than the checkpoint's leaves the head zero "
                              "(default: the checkpoint's)")
+    parser.add_argument("--num-heads", type=int,
+                        help="attention heads of a .safetensors model not in the variant table (default: the "
+                             "variant's, or that of the variant with the checkpoint's shapes)")
     args = parser.parse_args(argv)
-    if not args.output.endswith(".weights.h5"):
+    if args.checkpoint.endswith(".safetensors"):
+        if not args.output.endswith((".weights.h5", ".keras")):
+            parser.error(f"output must end in .weights.h5 or .keras. Received: {args.output!r}")
+    elif not args.output.endswith(".weights.h5"):
         parser.error(f"output must end in .weights.h5. Received: {args.output!r}")
     if args.image_size and len(args.image_size) > 2:
         parser.error(f"--image-size takes 1 or 2 values. Received: {args.image_size}")
@@ -78,8 +91,21 @@ def _build(architecture: dict, variant: str | None, image_size: tuple[int, int],
         classifier_activation=None)
 
 
+def _convert_safetensors(args: argparse.Namespace) -> int:
+    image_size = (args.image_size[0], args.image_size[-1]) if args.image_size else None
+    difference = torch_checkpoints.convert_safetensors(args.checkpoint, args.output, variant=args.variant,
+                                                       num_heads=args.num_heads, image_size=image_size,
+                                                       classes=args.classes)
+    print(f"Wrote {args.output}.")
+    print(f"validate_output: max abs difference {difference:.3g} (converted model vs. a NumPy forward pass of "
+          "the source model, on [-1, 1] inputs)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
+    if args.checkpoint.endswith(".safetensors"):
+        return _convert_safetensors(args)
     arrays = weights_lib.read_npz(args.checkpoint)
     architecture = checkpoint_architecture(arrays)
     if args.image_size:
