@@ -11,7 +11,7 @@ EXTRAS = {
     "export": ["ai-edge-litert>=2.0", "tensorflow-serving-api==2.21.0", "absl-py>=2.1"],
     # Inspection plots.
     "inspect": ["matplotlib>=3.8"],
-    "test": ["pytest>=8", "scipy>=1.11"],
+    "test": ["pytest>=8", "scipy>=1.11", "safetensors>=0.4"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 
