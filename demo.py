@@ -4,8 +4,8 @@ inspection figures.
 
 Run with `python demo.py [workdir]` (no download: the 1,797 8x8 digits ship inside scikit-learn).
 Training reaches >= 95% top-1 on the 360 held-out digits in a few minutes on 2 CPU cores. The same
-steps from the command line: `python -m training.train --config=digits --workdir=DIR`, then
-`python -m export.saved_model`, `python -m export.tflite` and `python -m keras_vit.inspect`.
+steps from the command line: `keras-vit-train --config=digits --workdir=DIR`, then `keras-vit-export`,
+`keras-vit-tflite` and `keras-vit-inspect`.
 """
 
 import json
@@ -16,14 +16,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras_vit  # noqa: E402,F401  (sets the TensorFlow backend)
 import keras  # noqa: E402
-import numpy as np  # noqa: E402
 
-from export import export_all  # noqa: E402
+from keras_vit import datasets  # noqa: E402
 from keras_vit import inspect as vit_inspect  # noqa: E402
-from training import get_config, train_and_evaluate  # noqa: E402
-from training.data import digits_source  # noqa: E402
+from keras_vit.export import export_all  # noqa: E402
+from keras_vit.training import get_config, train_and_evaluate  # noqa: E402
 
 
 def train_demo(workdir: str) -> str:
@@ -45,9 +43,8 @@ def export_and_inspect(model_path: str, workdir: str) -> None:
     print(f"SavedModel (TF Serving layout) written to {exports['saved_model']}")
     print("TFLite exports, checked with the LiteRT interpreter against the Keras model:")
     print(exports["tflite_markdown"])
-    test_digits = np.stack([image for image, _ in digits_source("test").dataset.take(16).as_numpy_iterator()])
-    size = model.input_shape[1:3]
-    images = keras.ops.convert_to_numpy(keras.ops.image.resize(test_digits, size))
+    test_digits, _ = datasets.digits("test")
+    images = datasets.resize(test_digits[:16], model.input_shape[1:3])
     figures = vit_inspect.write_figures(model, images, os.path.join(workdir, "inspect"))
     print("Inspection figures:", ", ".join(figures))
 

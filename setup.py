@@ -17,11 +17,14 @@ EXTRAS = {
     # and the embedded digits dataset shipped inside scikit-learn.
     "training": [TENSORFLOW, "tensorflow-datasets>=4.9.4,<5", "importlib-resources>=6", "absl-py>=2.1",
                  "scikit-learn>=1.5"],
-    # Export: the LiteRT interpreter (tf.lite.Interpreter is deprecated) and TF Serving's protos.
-    "export": [TENSORFLOW, "ai-edge-litert>=2.0,<3", "tensorflow-serving-api>=2.19,<3", "scikit-learn>=1.5"],
+    # Export: the LiteRT interpreter (tf.lite.Interpreter is deprecated) and the embedded calibration images.
+    # TF Serving's warmup requests are written without tensorflow-serving-api, which pins its own TensorFlow.
+    "export": [TENSORFLOW, "ai-edge-litert>=2.0,<3", "scikit-learn>=1.5"],
     # Inspection plots and image files.
     "inspect": ["matplotlib>=3.8", "pillow>=10"],
-    "test": ["pytest>=8", "scipy>=1.11", "safetensors>=0.4"],
+    # Tests: SciPy and safetensors write the reference data; TF Serving's protos read the warmup requests;
+    # JAX runs the model on a second Keras backend (PyTorch too, where it is installed).
+    "test": ["pytest>=8", "scipy>=1.11", "safetensors>=0.4", "tensorflow-serving-api>=2.19,<3", "jax>=0.4.30"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 

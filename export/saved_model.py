@@ -23,7 +23,6 @@ from typing import Callable, Sequence
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 import keras_vit
 from keras_vit import image_io
@@ -112,19 +111,39 @@ def warmup_image(size: tuple[int, int]) -> np.ndarray:
     return np.stack([rows, cols, 255 - (rows + cols) / 2], axis=-1).astype(np.uint8)
 
 
-def warmup_requests(size: tuple[int, int], model_name: str) -> list[predict_pb2.PredictRequest]:
-    """One request per signature and input kind: float pixels, a PNG and a JPEG."""
+def warmup_requests(size: tuple[int, int], model_name: str) -> list[tuple[str, str, np.ndarray]]:
+    """(signature, input key, value): one request per signature and input kind (float pixels, a PNG, a JPEG)."""
     image = warmup_image(size)
-    requests = []
-    for signature, key, value in (
-            ("serving_default", serving.IMAGES_KEY, image[np.newaxis].astype(np.float32)),
+    return [("serving_default", serving.IMAGES_KEY, image[np.newaxis].astype(np.float32)),
             (serving.BYTES_SIGNATURE, serving.BYTES_KEY, np.array([tf.io.encode_png(image).numpy()], dtype=object)),
-            (serving.BYTES_SIGNATURE, serving.BYTES_KEY, np.array([tf.io.encode_jpeg(image).numpy()], dtype=object))):
-        request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name,
-                                                                           signature_name=signature))
-        request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
-        requests.append(request)
-    return requests
+            (serving.BYTES_SIGNATURE, serving.BYTES_KEY, np.array([tf.io.encode_jpeg(image).numpy()], dtype=object))]
+
+
+# TF Serving's PredictionLog, written with the protobuf wire format so that exporting needs no
+# tensorflow-serving-api (which pins its own TensorFlow release). Field numbers from
+# tensorflow_serving/apis: PredictionLog.predict_log = 6, PredictLog.request = 1,
+# PredictRequest.model_spec = 1 and .inputs = 2 (map<string, TensorProto>: key = 1, value = 2),
+# ModelSpec.name = 1 and .signature_name = 3. tests/test_export.py parses it with the real protos.
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def prediction_log(model_name: str, signature: str, key: str, value: np.ndarray) -> bytes:
+    """A serialized `PredictionLog` holding one `PredictRequest` with one input tensor."""
+    spec = _field(1, model_name.encode()) + _field(3, signature.encode())
+    inputs = _field(1, key.encode()) + _field(2, tf.make_tensor_proto(value).SerializeToString())
+    return _field(6, _field(1, _field(1, spec) + _field(2, inputs)))
 
 
 def write_warmup_requests(saved_model_dir: str | os.PathLike, size: tuple[int, int], model_name: str) -> Path:
@@ -132,22 +151,14 @@ def write_warmup_requests(saved_model_dir: str | os.PathLike, size: tuple[int, i
     path = Path(saved_model_dir) / WARMUP_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for request in warmup_requests(size, model_name):
-            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
-            writer.write(log.SerializeToString())
+        for signature, key, value in warmup_requests(size, model_name):
+            writer.write(prediction_log(model_name, signature, key, value))
     return path
 
 
 def read_metadata(saved_model_dir: str | os.PathLike) -> dict:
     """The export's limits and settings from `assets.extra/keras_vit_export.json`."""
     return json.loads((Path(saved_model_dir) / METADATA_FILE).read_text(encoding="utf-8"))
-
-
-def read_warmup_requests(saved_model_dir: str | os.PathLike) -> list[predict_pb2.PredictRequest]:
-    """The PredictRequests stored in a SavedModel's warmup file."""
-    path = Path(saved_model_dir) / WARMUP_FILE
-    return [prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
-            for record in tf.data.TFRecordDataset(str(path))]
 
 
 if __name__ == "__main__":  # `python -m export.saved_model` in a clone: the `keras-vit-export` command.

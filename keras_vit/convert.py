@@ -1,6 +1,6 @@
-"""Converts an original `.npz` checkpoint into a Keras `.weights.h5` file.
+"""Converts an original `.npz` checkpoint into a Keras `.weights.h5` file (`convert_npz`).
 
-    python -m keras_vit.convert ViT-B_16.npz vit_b16_384.weights.h5 --variant B/16 --image-size 384
+    keras-vit-convert ViT-B_16.npz vit_b16_384.weights.h5 --variant B/16 --image-size 384
 
 Builds the model with the checkpoint loaded (position embeddings resampled to
 `--image-size`), saves its weights, reloads them into a fresh model and prints the
@@ -8,16 +8,22 @@ largest absolute difference between the two models' logits on a fixed random inp
 (0 for a faithful conversion). Without `--variant` the architecture is read from the
 checkpoint's shapes. Load the result with `weights="path.weights.h5"` and the same
 arguments (variant, input size, classes, representation size).
+
+A timm or Hugging Face ViT `.safetensors` file converts to `.weights.h5` or `.keras`
+(`keras_vit.torch_checkpoints.convert_safetensors`); the printed difference is then against a
+NumPy forward pass of the source model, on [-1, 1] inputs:
+
+    keras-vit-convert vit_tiny.safetensors vit_tiny.keras
+
+The command line is `keras_vit/cli/convert.py`.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
-import sys
-from typing import Sequence
 
+import keras
 import numpy as np
 
 from keras_vit import models, variants
@@ -50,59 +56,40 @@ def checkpoint_architecture(arrays: dict[str, np.ndarray]) -> dict:
                 representation_size=arrays["pre_logits/bias"].shape[0] if "pre_logits/bias" in arrays else None)
 
 
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m keras_vit.convert", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="original .npz checkpoint (either Flax naming)")
-    parser.add_argument("output", help="output path, ending in .weights.h5")
-    parser.add_argument("--variant", help="variant, e.g. B/16 or R50+B/16 (default: read from the checkpoint)")
-    parser.add_argument("--image-size", type=int, nargs="+", metavar="SIZE",
-                        help="input size, one value or height width (default: the checkpoint's)")
-    parser.add_argument("--classes", type=int,
-                        help="head size; another value than the checkpoint's leaves the head zero "
-                             "(default: the checkpoint's)")
-    args = parser.parse_args(argv)
-    if not args.output.endswith(".weights.h5"):
-        parser.error(f"output must end in .weights.h5. Received: {args.output!r}")
-    if args.image_size and len(args.image_size) > 2:
-        parser.error(f"--image-size takes 1 or 2 values. Received: {args.image_size}")
-    return args
+def convert_npz(checkpoint: str, output: str, *, variant: str | None = None,
+                image_size: tuple[int, int] | None = None) -> tuple[keras.Model, float]:
+    """Writes an original `.npz` checkpoint as a Keras `.weights.h5` file, checked.
 
+    The model (the checkpoint's head, or a backbone returning the pooled features if it has
+    none) is built with the checkpoint loaded, saved, and read back into a fresh model.
 
-def _build(architecture: dict, variant: str | None, image_size: tuple[int, int], classes: int, weights: str):
-    kwargs = {} if variant else {key: value for key, value in architecture.items()
-                                 if key not in ("classifier", "representation_size")}
-    return models.VisionTransformer(
-        variant, **kwargs, weights=weights, input_shape=(*image_size, 3), classes=classes,
-        classifier=architecture["classifier"], representation_size=architecture["representation_size"],
-        classifier_activation=None)
+    Args:
+        checkpoint: path of the `.npz` file (either Flax naming).
+        output: path ending in `.weights.h5`.
+        variant: optional variant name. Defaults to the architecture read from the checkpoint.
+        image_size: optional (height, width). Defaults to the checkpoint's.
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
-    arrays = weights_lib.read_npz(args.checkpoint)
+    Returns:
+        The model, and the max |difference| of the reloaded model's outputs from its outputs on
+        two random images (0 for a faithful conversion).
+    """
+    if not output.endswith(".weights.h5"):
+        raise ValueError(f"The output must end in .weights.h5. Received: {output!r}")
+    arrays = weights_lib.read_npz(checkpoint)
     architecture = checkpoint_architecture(arrays)
-    if args.image_size:
-        image_size = (args.image_size[0], args.image_size[-1])
-    else:
+    if image_size is None:
         tokens = arrays["Transformer/posembed_input/pos_embedding"].shape[1]
         side = math.isqrt(tokens - (architecture["classifier"] == "token"))
         image_size = (side * variants.total_stride(architecture),) * 2
-    checkpoint_classes = arrays["head/bias"].shape[0] if "head/bias" in arrays else None
-    classes = args.classes or checkpoint_classes or 1000
-    if classes != checkpoint_classes:
-        architecture["representation_size"] = None  # as the original fine-tuning: a new head, no pre_logits
-    reference = _build(architecture, args.variant, image_size, classes, args.checkpoint)
-    reference.save_weights(args.output)
-    converted = _build(architecture, args.variant, image_size, classes, args.output)
+    classes = arrays["head/bias"].shape[0] if "head/bias" in arrays else None
+    kwargs = {} if variant else {key: value for key, value in architecture.items()
+                                 if key not in ("classifier", "representation_size")}
+    build = dict(kwargs, input_shape=(*image_size, 3), classifier=architecture["classifier"],
+                 classifier_activation=None, include_top=classes is not None, classes=classes or 1000,
+                 representation_size=architecture["representation_size"],
+                 pooling=None if classes else ("token" if architecture["classifier"] == "token" else "avg"))
+    reference = models.VisionTransformer(variant, weights=checkpoint, **build)
+    reference.save_weights(output)
+    converted = models.VisionTransformer(variant, weights=output, **build)
     images = np.random.default_rng(0).uniform(0, 255, (2, *image_size, 3)).astype("float32")
-    difference = np.abs(np.asarray(converted(images)) - np.asarray(reference(images)))
-    print(f"Wrote {args.output} ({reference.count_params():,} parameters, input {image_size[0]}x{image_size[1]}, "
-          f"{classes} classes).")
-    print(f"validate_output: max abs difference {difference.max():.3g}, mean {difference.mean():.3g} "
-          "(converted .weights.h5 model vs. .npz-loaded model)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return reference, float(np.abs(np.asarray(converted(images)) - np.asarray(reference(images))).max())

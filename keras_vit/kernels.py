@@ -229,8 +229,9 @@ _warned: set[str] = set()
 # === The maths ===
 
 
-def dense(x, kernel, bias, gelu: bool = False, residual=None):
-    """x (N, in) @ kernel (in, out) + bias, then the tanh GELU when `gelu`, plus `residual` (N, out).
+def dense(x, kernel, bias, gelu: bool = False, residual=None, gelu_approximate: bool = True):
+    """x (N, in) @ kernel (in, out) + bias, then the GELU when `gelu` (tanh approximation, or the
+    exact erf form with `gelu_approximate=False`), plus `residual` (N, out).
 
     Kept 2-D (not the (B, T, D) batched form) so TensorFlow's oneDNN remapper fuses MatMul +
     BiasAdd (+ GELU, or + the residual add) into one kernel. With `bfloat16_conv_projections`,
@@ -238,7 +239,7 @@ def dense(x, kernel, bias, gelu: bool = False, residual=None):
     """
     if keras.backend.backend() != "tensorflow":
         y = ops.matmul(x, kernel) + bias
-        y = keras.activations.gelu(y, approximate=True) if gelu else y
+        y = keras.activations.gelu(y, approximate=gelu_approximate) if gelu else y
         return y if residual is None else residual + y
     import tensorflow as tf
     if not gelu and x.dtype == tf.bfloat16 and active().bfloat16_conv_projections:
@@ -250,7 +251,7 @@ def dense(x, kernel, bias, gelu: bool = False, residual=None):
             y = y + tf.reshape(residual, (1, -1, 1, width_out))
         return tf.reshape(y, (-1, width_out))
     y = tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
-    y = tf.nn.gelu(y, approximate=True) if gelu else y
+    y = tf.nn.gelu(y, approximate=gelu_approximate) if gelu else y
     return y if residual is None else residual + y
 
 
@@ -284,6 +285,14 @@ def gelu_tanh(x):
     if active().xla_elementwise:
         return _xla_gelu_tanh(x)
     return keras.activations.gelu(x, approximate=True)
+
+
+def gelu(x, approximate: bool = True):
+    """The tanh GELU (`gelu_tanh`) or, with `approximate=False`, the exact 0.5 x (1 + erf(x / sqrt(2)))
+    of PyTorch's `nn.GELU()` (portable ops on every path)."""
+    if approximate:
+        return gelu_tanh(x)
+    return keras.activations.gelu(x, approximate=False)
 
 
 def _onednn_layer_norm(x, gamma, beta, epsilon: float):

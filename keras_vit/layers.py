@@ -6,8 +6,10 @@ released checkpoints (`embedding`, `cls`, `pos_embedding`, `LayerNorm_0`,
 `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3/Dense_0`, ...), so that a
 checkpoint maps onto a model by a table of names.
 
-Numerics follow the original: LayerNorm epsilon 1e-6, tanh-approximate GELU (Flax
-`nn.gelu`), attention scaled by 1/sqrt(head_dim), pre-norm residual blocks.
+Numerics follow the original by default: LayerNorm epsilon 1e-6, tanh-approximate GELU (Flax
+`nn.gelu`), attention scaled by 1/sqrt(head_dim), pre-norm residual blocks. The epsilon and the
+GELU are options (`layer_norm_epsilon`, `gelu_approximate`) for checkpoints of PyTorch models
+(timm, Hugging Face), which use the exact erf GELU.
 """
 
 from __future__ import annotations
@@ -451,7 +453,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
 
 @_register
 class MlpBlock(keras.layers.Layer):
-    """Dense(mlp_dim) -> GELU (tanh approximation) -> Dropout -> Dense(D) -> Dropout.
+    """Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout.
 
     Computed on (batch * tokens, D) rows, where TensorFlow's oneDNN remapper fuses MatMul +
     BiasAdd + GELU (and the block's residual add) into one kernel each.
@@ -459,6 +461,8 @@ class MlpBlock(keras.layers.Layer):
     Args:
         mlp_dim: int. Hidden width.
         dropout_rate: float. Dropout after each Dense. Defaults to `0.0`.
+        gelu_approximate: bool. `True`: tanh-approximate GELU (the original's Flax `nn.gelu`);
+            `False`: exact erf GELU (PyTorch's `nn.GELU()`, timm and Hugging Face). Defaults to `True`.
 
     Call arguments:
         x: (..., D).
@@ -467,10 +471,11 @@ class MlpBlock(keras.layers.Layer):
         training: bool. Dropout on when True.
     """
 
-    def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, **kwargs):
+    def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, gelu_approximate: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = mlp_dim
         self.dropout_rate = dropout_rate
+        self.gelu_approximate = gelu_approximate
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -487,9 +492,10 @@ class MlpBlock(keras.layers.Layer):
         width = x.shape[-1]
         rows = ops.reshape(x, (-1, width))
         if training:  # the GELU's input is kept for the backward pass, so it cannot fuse into the matmul
-            h = kernels.gelu_tanh(kernels.dense(rows, self.dense_0.kernel, self.dense_0.bias))
+            h = kernels.gelu(kernels.dense(rows, self.dense_0.kernel, self.dense_0.bias), self.gelu_approximate)
         else:
-            h = kernels.dense(rows, self.dense_0.kernel, self.dense_0.bias, gelu=True)
+            h = kernels.dense(rows, self.dense_0.kernel, self.dense_0.bias, gelu=True,
+                              gelu_approximate=self.gelu_approximate)
         h = self.dropout(h, training=training)
         residual_rows = None if residual is None else ops.reshape(residual, (-1, width))
         if residual_rows is not None and not (training and self.dropout_rate):
@@ -504,7 +510,8 @@ class MlpBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"mlp_dim": self.mlp_dim, "dropout_rate": self.dropout_rate})
+        config.update({"mlp_dim": self.mlp_dim, "dropout_rate": self.dropout_rate,
+                       "gelu_approximate": self.gelu_approximate})
         return config
 
 
@@ -527,6 +534,8 @@ class TransformerBlock(keras.layers.Layer):
         attention_dropout_rate: float. Dropout on the attention weights. Defaults to `0.0`.
         drop_path_rate: float. Stochastic-depth rate of both residual branches. Defaults to `0.0`.
         layer_norm_epsilon: float. Defaults to `1e-6`, as the original.
+        gelu_approximate: bool. The MLP's GELU: tanh approximation (`True`, the original's) or
+            exact erf (`False`, PyTorch's). Defaults to `True`.
 
     Call arguments:
         x: (batch, tokens, hidden_dim).
@@ -537,7 +546,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
                  attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 layer_norm_epsilon: float = LAYER_NORM_EPSILON, **kwargs):
+                 layer_norm_epsilon: float = LAYER_NORM_EPSILON, gelu_approximate: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
@@ -545,6 +554,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_dropout_rate = attention_dropout_rate
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.gelu_approximate = gelu_approximate
 
     def build(self, input_shape):
         policy = self.dtype_policy  # the attention layer's build checks that num_heads divides the width
@@ -553,7 +563,7 @@ class TransformerBlock(keras.layers.Layer):
         self.attention = MultiHeadDotProductAttention(self.num_heads, self.attention_dropout_rate,
                                                       name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_mlp = LayerNorm(epsilon=self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
-        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, name="MlpBlock_3", dtype=policy)
+        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, name="MlpBlock_3", dtype=policy)
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy)
         self.drop_path = StochasticDepth(self.drop_path_rate, dtype=policy)
         for sublayer in (self.norm_attention, self.attention, self.norm_mlp, self.mlp):
@@ -591,6 +601,7 @@ class TransformerBlock(keras.layers.Layer):
             "attention_dropout_rate": self.attention_dropout_rate,
             "drop_path_rate": self.drop_path_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "gelu_approximate": self.gelu_approximate,
         })
         return config
 

@@ -26,10 +26,12 @@ BASE_DOCSTRING = """Builds {paper_name} (arXiv:2010.11929), keras.applications s
 Args:
     include_top: bool. Include the classification head (and pre-logits). Defaults to `True`.
     weights: `None` (random initialization), a registered checkpoint name (see
-        `keras_vit.list_weights("{variant}")`), or a path to an original `.npz` checkpoint or a
-        Keras `.weights.h5` file. `"imagenet"` picks the best ImageNet-1k checkpoint for the
-        input size (one fine-tuned at that size if registered, else the 384 one). `.npz`
-        weights load at any input size: position embeddings are resampled like the original
+        `keras_vit.list_weights("{variant}")`), or a path to an original `.npz` checkpoint, a
+        Keras `.weights.h5` file, or a timm / Hugging Face ViT `.safetensors` file (whose
+        numerics, exact GELU and LayerNorm epsilon, the model then takes). `"imagenet"` picks
+        the best ImageNet-1k checkpoint for the input size (one fine-tuned at that size if
+        registered, else the 384 one). `.npz` and `.safetensors` weights load at any input
+        size: position embeddings are resampled like the original
         loader does. Registered files are downloaded once into the Keras cache
         (`~/.keras/models`). With `include_top=True`, `classes` must be the checkpoint's
         (1000 for `"imagenet"`), as in `keras.applications`; to fine-tune, build with
@@ -58,6 +60,12 @@ Args:
     dropout_rate: float. Dropout after the position embedding, attention and in the MLP.
     attention_dropout_rate: float. Dropout on attention weights.
     drop_path_rate: float. Stochastic depth, rising linearly from 0 to this rate over the blocks.
+    layer_norm_epsilon: optional float. Epsilon of every LayerNorm. Defaults to `None`: the
+        checkpoint's for a timm (1e-6) or Hugging Face (1e-12) `.safetensors` file, else the
+        original's 1e-6. A value that contradicts such a checkpoint is an error.
+    gelu_approximate: optional bool. `True`: tanh-approximate GELU (the original's); `False`:
+        exact erf GELU (timm's and Hugging Face's). Defaults to `None`: `False` for a timm or
+        Hugging Face `.safetensors` file, else `True`. A contradicting value is an error.
     name: str. Model name. Defaults to `"{model_name}"`.
 
 Returns:
@@ -96,7 +104,7 @@ class ViTModel(CpuKernelSteps, keras.Model):
 
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights` (Keras files); says to use `keras_vit.load_weights` for checkpoints."""
-        if os.fspath(filepath).endswith(".npz"):
+        if os.fspath(filepath).endswith((".npz", ".safetensors")):
             raise ValueError(f"Model.load_weights reads Keras weights files (.weights.h5), not the original "
                              f"checkpoint {os.fspath(filepath)!r}: use `keras_vit.load_weights(model, path)`, which "
                              "maps its keys and resizes position embeddings.")
@@ -173,6 +181,8 @@ def VisionTransformer(
     dropout_rate: float = 0.0,
     attention_dropout_rate: float = 0.0,
     drop_path_rate: float = 0.0,
+    layer_norm_epsilon: float | None = None,
+    gelu_approximate: bool | None = None,
     name: str = "vision_transformer",
 ) -> keras.Model:
     """Builds a Vision Transformer of any size (arXiv:2010.11929).
@@ -204,12 +214,13 @@ def VisionTransformer(
     if representation_size is None and weights_source is not None:
         # ImageNet-21k checkpoints end in pre_logits (Dense + tanh): build it when their head is used.
         representation_size = weights_source.representation_size
+    numerics = _numerics(weights_source, layer_norm_epsilon=layer_norm_epsilon, gelu_approximate=gelu_approximate)
     outputs = _forward(image, config, include_top=include_top, pooling=pooling, classes=classes,
                        classifier_activation=classifier_activation, include_preprocessing=include_preprocessing,
                        classifier=classifier, representation_size=representation_size,
                        position_embedding=position_embedding, dropout_rate=dropout_rate,
                        attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate,
-                       grid_size=(image_shape[0] // stride, image_shape[1] // stride))
+                       grid_size=(image_shape[0] // stride, image_shape[1] // stride), **numerics)
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
     model = ViTModel(inputs, outputs, name=name)
     if weights_source is not None:
@@ -217,9 +228,23 @@ def VisionTransformer(
     return model
 
 
+def _numerics(weights_source, **requested) -> dict[str, Any]:
+    """`layer_norm_epsilon` and `gelu_approximate`: the checkpoint's where it fixes them, else the
+    original's; a requested value (not None) must agree with the checkpoint's."""
+    fixed = weights_source.numerics if weights_source is not None else {}
+    defaults = dict(layer_norm_epsilon=vit_layers.LAYER_NORM_EPSILON, gelu_approximate=True)
+    numerics = {}
+    for option, value in requested.items():
+        if value is not None and option in fixed and value != fixed[option]:
+            raise ValueError(f"{option}={value!r} contradicts the checkpoint {weights_source.location!r}, whose "
+                             f"model uses {option}={fixed[option]!r}. Leave {option}=None to take the checkpoint's.")
+        numerics[option] = fixed.get(option, defaults[option]) if value is None else value
+    return numerics
+
+
 def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, classifier_activation,
              include_preprocessing, classifier, representation_size, position_embedding, dropout_rate,
-             attention_dropout_rate, drop_path_rate, grid_size):
+             attention_dropout_rate, drop_path_rate, grid_size, layer_norm_epsilon, gelu_approximate):
     """The ViT forward pass on a symbolic image tensor, in paper order."""
     x = image
     if include_preprocessing:
@@ -237,8 +262,9 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
     for i in range(num_layers):
         rate = drop_path_rate * i / max(num_layers - 1, 1)
         x = vit_layers.TransformerBlock(config["num_heads"], config["mlp_dim"], dropout_rate,
-                                        attention_dropout_rate, rate, name=f"encoderblock_{i}")(x)
-    x = keras.layers.LayerNormalization(epsilon=vit_layers.LAYER_NORM_EPSILON, name="encoder_norm")(x)
+                                        attention_dropout_rate, rate, layer_norm_epsilon=layer_norm_epsilon,
+                                        gelu_approximate=gelu_approximate, name=f"encoderblock_{i}")(x)
+    x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
     if not include_top and pooling is None:
         return x
     x = vit_layers.TokenPooling("token" if include_top and prefix else pooling or "avg", name="pool")(x)
@@ -325,6 +351,7 @@ def _make_builder(builder_name: str, variant: str) -> Callable[..., keras.Model]
                 include_preprocessing: bool = True, classifier: str = "token",
                 representation_size: int | None = None, position_embedding: str = "learned",
                 dropout_rate: float = 0.0, attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
+                layer_norm_epsilon: float | None = None, gelu_approximate: bool | None = None,
                 name: str = model_name) -> keras.Model:
         return VisionTransformer(
             variant, include_top=include_top, weights=weights, input_tensor=input_tensor,
@@ -332,7 +359,8 @@ def _make_builder(builder_name: str, variant: str) -> Callable[..., keras.Model]
             include_preprocessing=include_preprocessing, classifier=classifier,
             representation_size=representation_size, position_embedding=position_embedding,
             dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
-            drop_path_rate=drop_path_rate, name=name)
+            drop_path_rate=drop_path_rate, layer_norm_epsilon=layer_norm_epsilon,
+            gelu_approximate=gelu_approximate, name=name)
 
     config = variants.VARIANTS[variant]
     paper_name = variant.replace("+", "+ViT-") if "+" in variant else f"ViT-{variant}"

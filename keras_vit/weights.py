@@ -10,6 +10,9 @@ embeddings are resampled to the model's patch grid like the original loader does
 The loader checks the *whole* checkpoint against the model before it assigns anything:
 a missing or unexpected key, or a shape it cannot reconcile, is a `ValueError` and the
 model is left untouched.
+
+timm and Hugging Face `.safetensors` files (`keras_vit.torch_checkpoints`) are translated
+into this key layout and then go through the same checks.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Callable, Sequence
 import keras
 import numpy as np
 
-from keras_vit import variants
+from keras_vit import torch_checkpoints, variants
 
 _BUCKET = "https://storage.googleapis.com/vit_models"
 IMAGENET21K_CLASSES = 21843
@@ -165,11 +168,14 @@ class WeightsSource:
         representation_size: int or None. `pre_logits` width the model should be built with
             when the caller left `representation_size=None`: the checkpoint's, if its head is
             going to be loaded (`include_top=True` and the same `classes`), else None.
+        numerics: model options the checkpoint's model fixes (`layer_norm_epsilon`,
+            `gelu_approximate`): set for timm / Hugging Face files, empty otherwise.
     """
 
     location: str
     checkpoint: Checkpoint | None = None
     representation_size: int | None = None
+    numerics: dict = dataclasses.field(default_factory=dict)
 
 
 def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, int], include_top: bool,
@@ -178,7 +184,7 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
 
     Args:
         weights: None, `"imagenet"`, a registered tag (see `list_weights`), or a path to an
-            `.npz` checkpoint or a `.weights.h5` file.
+            `.npz` checkpoint, a `.weights.h5` file or a timm / Hugging Face `.safetensors` file.
         variant: str or None. The model's variant; registered names need one.
         image_size: (int, int). The model's input height and width.
         include_top: bool. Whether the model has a head.
@@ -212,7 +218,8 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
         names = sorted({entry.tag for entry in entries} | ({"imagenet"} if any(
             entry.tag in _IMAGENET_TAGS for entry in entries) else set()))
         raise ValueError(f"Unknown weights {weights!r} for variant {variant!r}: not a file, and not a registered "
-                         f"name. Expected None, a path to a .npz or .weights.h5 file, or one of {names}.")
+                         f"name. Expected None, a path to a .npz, .weights.h5 or .safetensors file, or one of "
+                         f"{names}.")
     entry = _pick(candidates, image_size, tags)
     if include_top:
         _check_head(weights, entry.classes, classes)
@@ -222,14 +229,26 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
 def _check_not_a_model_file(path: str) -> None:
     if path.endswith(".keras"):
         raise ValueError(f"{path!r} is a whole Keras model, not a weights file: load it with "
-                         "`keras.saving.load_model(path)`. Weights files are `.npz` checkpoints and `.weights.h5`.")
+                         "`keras.saving.load_model(path)`. Weights files are `.npz` and `.safetensors` "
+                         "checkpoints and `.weights.h5`.")
 
 
 def _resolve_file(path: str, *, include_top: bool, classes: int) -> WeightsSource:
-    """A local file; an `.npz` is opened to read its head and pre-logits widths."""
+    """A local file; an `.npz` or `.safetensors` file is opened to read its head and pre-logits widths
+    (and the layout, hence the numerics, of a `.safetensors` file)."""
+    torch_checkpoints.refuse_pickle(path)
     _check_not_a_model_file(path)
     if path.endswith(".h5"):
         return WeightsSource(path)
+    if path.endswith(".safetensors"):
+        shapes = {name: info.shape for name, info in torch_checkpoints.read_header(path).items()}
+        layout = torch_checkpoints.detect_layout(shapes)
+        torch_checkpoints.check_supported(shapes, layout, origin=path)
+        head, representation = torch_checkpoints.top_widths(shapes, layout)
+        if include_top:
+            _check_head(path, head, classes)
+        return WeightsSource(path, representation_size=representation if include_top else None,
+                             numerics=dict(torch_checkpoints.NUMERICS[layout]))
     arrays = read_npz(path, keys=("head/bias", "pre_logits/bias"))
     if not include_top:
         return WeightsSource(path)
@@ -429,12 +448,15 @@ def keras_path(key: str) -> tuple[str, Callable[[np.ndarray], np.ndarray]] | Non
 # ---------------------------------------------------------------------------------------
 
 def load(model: keras.Model, source: WeightsSource | str) -> None:
-    """Loads weights into a model built by `keras_vit`; all-or-nothing for `.npz` files.
+    """Loads weights into a model built by `keras_vit`; all-or-nothing for `.npz` and `.safetensors` files.
+
+    A timm / Hugging Face `.safetensors` file needs a model built with its numerics: build it
+    with `weights=` that file (or with the options in `torch_checkpoints.NUMERICS`).
 
     Args:
         model: a `keras.Model` from `keras_vit.VisionTransformer` or a variant builder.
-        source: a `WeightsSource` from `resolve`, or a path to an `.npz` checkpoint or a
-            `.weights.h5` file.
+        source: a `WeightsSource` from `resolve`, or a path to an `.npz` checkpoint, a
+            `.weights.h5` file or a `.safetensors` file.
 
     Raises:
         ValueError: unreadable file, or a checkpoint that does not fit the model (the error
@@ -443,18 +465,37 @@ def load(model: keras.Model, source: WeightsSource | str) -> None:
     if isinstance(source, str):
         source = WeightsSource(source)
     path = fetch(source.checkpoint) if source.checkpoint else source.location
+    torch_checkpoints.refuse_pickle(path)
     _check_not_a_model_file(path)
     if path.endswith(".h5"):
         model.load_weights(path)
         return
-    assignments = plan_assignments(model, read_npz(path), origin=path)
+    if path.endswith(".safetensors"):
+        assignments = _plan_safetensors(model, path)
+    else:
+        assignments = plan_assignments(model, read_npz(path), origin=path)
     for variable, value in assignments:
         variable.assign(value)
     _warn_if_zero_head(model, assignments)
 
 
-def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray],
-                     origin: str = "checkpoint") -> list[tuple[keras.Variable, np.ndarray]]:
+def _plan_safetensors(model: keras.Model, path: str) -> list[tuple[keras.Variable, np.ndarray]]:
+    """`plan_assignments` for a timm / Hugging Face file, its problems named by the file's keys."""
+    tensors = torch_checkpoints.read_safetensors(path)
+    layout = torch_checkpoints.detect_layout(tensors)
+    torch_checkpoints.check_supported({key: value.shape for key, value in tensors.items()}, layout, origin=path)
+    queries = [variable for variable in model.weights
+               if variable.path.endswith("MultiHeadDotProductAttention_1/query/kernel")]
+    num_heads = queries[0].shape[1] if queries else 1
+    translation = torch_checkpoints.translate(tensors, layout, num_heads)
+    sources = torch_checkpoints.weight_sources(layout, len(queries), torch_checkpoints.hf_prefix(tensors))
+    return plan_assignments(model, translation.arrays, origin=path, source_keys=translation.source_keys,
+                            weight_sources=sources, problems=translation.problems)
+
+
+def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: str = "checkpoint", *,
+                     source_keys: dict[str, str] | None = None, weight_sources: dict[str, str] | None = None,
+                     problems: Sequence[str] = ()) -> list[tuple[keras.Variable, np.ndarray]]:
     """Matches every checkpoint array to a model weight; assigns nothing.
 
     Backbone weights must match one-to-one (position embeddings are resampled to the
@@ -462,22 +503,37 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray],
     loaded when its shape matches, else left at its initialization (with a warning); `pre_logits`
     is then loaded when the model has one and dropped otherwise.
 
+    Args:
+        model: the model.
+        arrays: `.npz` key -> array.
+        origin: str. The file, for messages.
+        source_keys: optional `.npz` key -> the key of a translated file it came from, for messages.
+        weight_sources: optional model weight path -> the translated file's key that would feed it,
+            for messages about missing keys.
+        problems: problems found before (e.g. in translation), listed with the others.
+
     Returns:
         (variable, value) pairs to assign.
 
     Raises:
         ValueError: listing every problem found.
     """
+    source_keys, weight_sources = source_keys or {}, weight_sources or {}
+
+    def name(key: str) -> str:
+        source = source_keys.get(key, key)
+        return repr(key) if source == key else f"{source!r} (as {key!r})"
+
     variables = {variable.path: variable for variable in model.weights}
-    mapped, problems = {}, []
+    mapped, problems = {}, list(problems)
     for key, array in arrays.items():
         target = keras_path(key)
         if target is None:
-            problems.append(f"unexpected key {key!r} {array.shape}: no model weight corresponds to it")
+            problems.append(f"unexpected key {name(key)} {array.shape}: no model weight corresponds to it")
             continue
         path, transform = target
         if path in mapped:
-            problems.append(f"keys {mapped[path][0]!r} and {key!r} both map to model weight {path!r}")
+            problems.append(f"keys {name(mapped[path][0])} and {name(key)} both map to model weight {path!r}")
         mapped[path] = (key, transform(array))
 
     head_kept = _head_loads(variables, mapped)
@@ -486,27 +542,29 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray],
         layer = path.split("/")[0]
         if path not in mapped or (layer == "head" and not head_kept):
             if head_kept or layer not in _TOP_LAYERS:
-                problems.append(f"missing key for model weight {path!r} (expected shape {tuple(variable.shape)})")
+                source = f" {weight_sources[path]!r}" if path in weight_sources else ""
+                problems.append(f"missing key{source} for model weight {path!r} (expected shape "
+                                f"{tuple(variable.shape)})")
             kept.append(path)
             continue
         key, value = mapped.pop(path)
         if path == _POSEMB_PATH and value.shape != tuple(variable.shape):
             rows, columns = model.get_layer("posembed_input").grid_size
-            resized = f"{key!r} resampled from {value.shape[1]} to {variable.shape[1]} tokens ({rows}x{columns} grid)"
-            value = _resample_for(model, value, variable, key, problems)
+            resized = f"{name(key)} resampled from {value.shape[1]} to {variable.shape[1]} tokens ({rows}x{columns} grid)"
+            value = _resample_for(model, value, variable, name(key), problems)
         if value is not None and value.shape != tuple(variable.shape):
-            problems.append(f"shape mismatch for key {key!r} -> {path!r}: expected {tuple(variable.shape)}, "
+            problems.append(f"shape mismatch for key {name(key)} -> {path!r}: expected {tuple(variable.shape)}, "
                             f"found {value.shape}")
         elif value is not None:
             assignments.append((variable, value))
     for path, (key, value) in mapped.items():
         if head_kept or path.split("/")[0] not in _TOP_LAYERS:
-            problems.append(f"unexpected key {key!r} {value.shape}: the model has no weight {path!r}")
+            problems.append(f"unexpected key {name(key)} {value.shape}: the model has no weight {path!r}")
     if problems:
         raise ValueError(_mismatch_message(model, arrays, variables, problems, origin))
     # Without a head (include_top=False) dropping the checkpoint's top layers is what was asked for.
     if "head/kernel" in variables:
-        _warn_top_changes(kept, dropped=[key for key, _ in mapped.values()])
+        _warn_top_changes(kept, dropped=[source_keys.get(key, key) for key, _ in mapped.values()])
     if resized:
         warnings.warn(f"keras_vit: position embedding {resized}, as the original loader does.", stacklevel=3)
     return assignments
@@ -529,15 +587,17 @@ def _warn_top_changes(kept: list[str], dropped: list[str]) -> None:
 
 
 def _resample_for(model: keras.Model, value: np.ndarray, variable, key: str, problems: list) -> np.ndarray | None:
-    """Position embedding resampled to the model's grid, or None (with a problem) if impossible."""
+    """Position embedding resampled to the model's grid, or None (with a problem) if impossible.
+
+    `key` is the checkpoint key as messages show it (quoted)."""
     layer = model.get_layer("posembed_input")
     if value.ndim != 3 or value.shape[-1] != variable.shape[-1]:
-        problems.append(f"shape mismatch for key {key!r}: expected {tuple(variable.shape)}, found {value.shape}")
+        problems.append(f"shape mismatch for key {key}: expected {tuple(variable.shape)}, found {value.shape}")
         return None
     try:
         return resample_position_embedding(value, layer.grid_size, num_prefix_tokens=layer.num_prefix_tokens)
     except ValueError as error:
-        problems.append(f"cannot resample key {key!r} {value.shape} to {tuple(variable.shape)}: {error}")
+        problems.append(f"cannot resample key {key} {value.shape} to {tuple(variable.shape)}: {error}")
         return None
 
 

@@ -4,11 +4,11 @@
 `apply_overrides(config, ["lr=0.01", "batch_size=64"])` changes any field by name. The defaults
 are the paper's (arXiv:2010.11929, Appendix B, Tables 3-4):
 
-    python -m training.train --config=pretrain --workdir=/tmp/vit_b16_i1k    # ViT-B/16, ImageNet, 300 epochs
-    python -m training.train --config=finetune --workdir=/tmp/ft \\
+    keras-vit-train --config=pretrain --workdir=/tmp/vit_b16_i1k    # ViT-B/16, ImageNet, 300 epochs
+    keras-vit-train --config=finetune --workdir=/tmp/ft \\
         --override weights=/ckpt/ViT-B_16.npz --override dataset=cifar10 --override total_steps=10000
-    python -m training.train --config=digits --workdir=/tmp/digits           # >= 95% top-1 in minutes on CPU
-    python -m training.train --config=masked_patches --workdir=/tmp/mpp      # self-supervised (Sec. 4.6)
+    keras-vit-train --config=digits --workdir=/tmp/digits           # >= 95% top-1 in minutes on CPU
+    keras-vit-train --config=masked_patches --workdir=/tmp/mpp      # self-supervised (Sec. 4.6)
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ Outputs in `workdir` (besides those of `training.trainer`):
 
     model.keras               the masked-patch model (corruption, encoder, head, targets)
     encoder.keras             the encoder as a keras_vit model without head (pooled features,
-                              `pool` = "token" or "avg" as `classifier`): `python -m training.fewshot --model`
+                              `pool` = "token" or "avg" as `classifier`): `keras-vit-fewshot --model`
     encoder.weights.h5        its weights: `--config=finetune --override weights=<this>` with the same
                               architecture and image size
     model.eval.json           masked loss (and accuracy) on the eval split
 
-    python -m training.train --config=masked_patches --workdir=/tmp/mpp \\
+    keras-vit-train --config=masked_patches --workdir=/tmp/mpp \\
         --override dataset=imagenet2012 --override total_steps=100000
 """
 

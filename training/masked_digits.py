@@ -8,27 +8,25 @@
 3. Fine-tune on `train[:N%]` of the labels (`finetune` recipe from `encoder.weights.h5`) against the
    same run from scratch (`pretrain` recipe, i.e. the `digits` recipe on the same labels).
 
-    python -m training.masked_digits --workdir=/tmp/masked_digits
+    keras-vit-masked-digits --workdir=/tmp/masked_digits     (python -m training.masked_digits in a clone)
 
-Prints a JSON summary and writes it to `workdir/summary.json`.
+Prints a JSON summary and writes it to `workdir/summary.json` (`measure`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from typing import Sequence
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+import keras
+import numpy as np
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+from keras_vit import datasets, fewshot
 
-from keras_vit import fewshot  # noqa: E402
-from . import configs, data, trainer  # noqa: E402
-from . import masked as masked_training  # noqa: E402
+from . import configs, trainer
+from . import masked as masked_training
 
 PRETRAIN = ["dataset=digits", "train_split=train", "eval_split=test", "total_steps=0", "steps_per_epoch=0",
             "batch_size=64", "lr=1e-3", "warmup_steps=100", "inception_crop=true", "crop_min_area=0.6",
@@ -52,10 +50,8 @@ def pretrain(workdir: str, epochs: int, classifier: str, seed: int) -> tuple[dic
 
 
 def _split(name: str) -> tuple[np.ndarray, np.ndarray]:
-    source = data.digits_source(name)
-    images, labels = zip(*source.dataset.as_numpy_iterator())
-    resized = keras.ops.image.resize(np.stack(images), (32, 32))
-    return keras.ops.convert_to_numpy(resized), np.array(labels)
+    images, labels = datasets.digits(name)
+    return datasets.resize(images, (32, 32)), labels
 
 
 def few_shot(encoder: keras.Model, shots: Sequence[int], seeds: int) -> dict[int, list[float]]:
@@ -83,39 +79,34 @@ def _mean_std(values: Sequence[float]) -> str:
     return f"{np.mean(values):.4f} +- {np.std(values):.4f}"
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m training.masked_digits", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--pretrain-epochs", type=int, default=30)
-    parser.add_argument("--classifier", default="gap", choices=("token", "gap"),
-                        help="features and fine-tuning head: class token or average of the tokens (default gap)")
-    parser.add_argument("--shots", type=int, nargs="+", default=(5, 10))
-    parser.add_argument("--seeds", type=int, default=5, help="k-shot draws per k (default 5)")
-    parser.add_argument("--label-percent", type=int, default=10, help="labels used in fine-tuning (default 10%%)")
-    parser.add_argument("--finetune-epochs", type=int, default=50, help="epochs of 4 steps of 64 (default 50)")
-    parser.add_argument("--finetune-seeds", type=int, default=2)
-    args = parser.parse_args(argv)
-    result: dict = {"args": vars(args)}
-    summary, seconds = pretrain(os.path.join(args.workdir, "pretrain"), args.pretrain_epochs, args.classifier, 0)
+def measure(workdir: str, pretrain_epochs: int = 30, classifier: str = "gap", shots: Sequence[int] = (5, 10),
+            seeds: int = 5, label_percent: int = 10, finetune_epochs: int = 50, finetune_seeds: int = 2) -> dict:
+    """Runs the three steps (module docstring) in `workdir`; returns the summary, also written to
+    `workdir/summary.json`."""
+    result: dict = {"args": dict(workdir=workdir, pretrain_epochs=pretrain_epochs, classifier=classifier,
+                                 shots=list(shots), seeds=seeds, label_percent=label_percent,
+                                 finetune_epochs=finetune_epochs, finetune_seeds=finetune_seeds)}
+    summary, seconds = pretrain(os.path.join(workdir, "pretrain"), pretrain_epochs, classifier, 0)
     result["pretrain"] = {"seconds": round(seconds), "masked_loss": summary["loss"],
                           "masked_accuracy": summary.get("masked_accuracy")}
     keras.utils.set_random_seed(0)  # The initialization the pre-training started from.
     random_encoder = masked_training.build_encoder(configs.apply_overrides(
-        configs.get_config("masked_patches"), [*_architecture(args.classifier), *PRETRAIN]))
+        configs.get_config("masked_patches"), [*_architecture(classifier), *PRETRAIN]))
     for name, encoder in (("random_init", random_encoder),
                           ("pretrained", keras.saving.load_model(summary["encoder_path"]))):
-        accuracies = few_shot(encoder, args.shots, args.seeds)
+        accuracies = few_shot(encoder, shots, seeds)
         result[f"fewshot_{name}"] = {k: _mean_std(v) for k, v in accuracies.items()}
     for name, weights in (("scratch", ""), ("pretrained", summary["encoder_weights_path"])):
-        runs = [finetune(os.path.join(args.workdir, f"ft_{name}_{seed}"), weights, args.label_percent,
-                         args.finetune_epochs, args.classifier, seed) for seed in range(args.finetune_seeds)]
+        runs = [finetune(os.path.join(workdir, f"ft_{name}_{seed}"), weights, label_percent, finetune_epochs,
+                         classifier, seed) for seed in range(finetune_seeds)]
         result[f"finetune_{name}"] = {"top1": _mean_std([top1 for top1, _ in runs]),
                                       "seconds": round(float(np.mean([s for _, s in runs])))}
-    print(json.dumps(result, indent=2))
-    with open(os.path.join(args.workdir, "summary.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
     return result
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m training.masked_digits` in a clone: `keras-vit-masked-digits`.
+    from keras_vit.cli.masked_digits import main
+
+    raise SystemExit(main())

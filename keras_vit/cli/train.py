@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 
 from absl import app, flags
 
@@ -62,7 +63,12 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    """The console script's entry point."""
+    """The console script's entry point. `--help` lists this command's flags and exits with 0 (absl's own
+    would list only the flags of the script file, and exit with 1)."""
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__.strip())
+        print(f"\nflags:\n{flags.FLAGS.module_help(__name__)}")
+        raise SystemExit(0)
     app.run(main)
 
 

@@ -1,0 +1,82 @@
+"""keras_vit vs timm's own forward pass, on timm ViTs with random weights (needs torch and timm).
+
+    python -m benchmarks.timm_parity [--models vit_tiny_patch16_224 vit_base_patch16_224] [--out DIR]
+
+For each model: `timm.create_model(name, pretrained=False)` (its random initialization, with
+random non-zero biases, norms, tokens and head so every term counts), the state dict saved with
+`safetensors.torch.save_file`, loaded with the keras_vit builder of the same size (`weights=`
+that file, `include_preprocessing=False`), and the max |logit difference| printed: Keras model
+vs timm on the same [-1, 1] images (NHWC for Keras, NCHW for torch), then the SavedModel that
+`export/saved_model.py` writes (its `serving_default` takes [0, 255] pixels) vs timm.
+Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import numpy as np
+
+BUILDERS = {"vit_tiny_patch16_224": "ViTTi16", "vit_small_patch16_224": "ViTS16",
+            "vit_base_patch16_224": "ViTB16", "vit_large_patch16_224": "ViTL16"}
+
+
+def timm_model(name: str, seed: int = 0):
+    """A timm model in eval mode whose parameters are all random and non-zero."""
+    import torch
+
+    from benchmarks.torchvision_stub import import_timm
+
+    timm, _ = import_timm()  # timm imports torchvision, which has no CPU build on PyPI
+    torch.manual_seed(seed)
+    model = timm.create_model(name, pretrained=False).eval()
+    with torch.no_grad():
+        for key, parameter in model.named_parameters():
+            if parameter.ndim == 1 or key in ("cls_token", "pos_embed"):  # zeros / ones at init
+                parameter.add_(torch.randn_like(parameter) * 0.1)
+            if key == "head.weight":
+                parameter.normal_(0, 0.1)
+    return model
+
+
+def compare(name: str, out_dir: str, batch: int = 2) -> dict[str, float]:
+    import tensorflow as tf
+    import torch
+    from safetensors.torch import save_file
+
+    import keras_vit
+    from export import saved_model
+
+    model = timm_model(name)
+    path = os.path.join(out_dir, f"{name}.safetensors")
+    save_file({key: value.contiguous() for key, value in model.state_dict().items()}, path)
+    images = np.random.default_rng(1).uniform(-1, 1, (batch, 224, 224, 3)).astype("float32")
+    with torch.no_grad():
+        expected = model(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
+    keras_model = getattr(keras_vit, BUILDERS[name])(weights=path, include_preprocessing=False,
+                                                     classifier_activation=None)
+    logits = np.asarray(keras_model(images))
+    export_dir = saved_model.export_saved_model(keras_model, os.path.join(out_dir, name))
+    serve = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
+    served = serve(images=tf.constant((images + 1.0) * 127.5))["logits"].numpy()
+    return {"logit range": float(np.abs(expected).max()), "keras vs timm": float(np.abs(logits - expected).max()),
+            "SavedModel vs timm": float(np.abs(served - expected).max())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["vit_tiny_patch16_224", "vit_base_patch16_224"],
+                        choices=sorted(BUILDERS))
+    parser.add_argument("--out", help="folder for the .safetensors files and SavedModels (default: a temp folder)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as temporary:
+        out_dir = args.out or temporary
+        for name in args.models:
+            results = compare(name, out_dir)
+            print(name + ": " + ", ".join(f"{key} {value:.3g}" for key, value in results.items()))
+
+
+if __name__ == "__main__":
+    main()

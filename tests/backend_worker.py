@@ -1,0 +1,52 @@
+"""Runs keras_vit on one Keras backend, in its own process (Keras fixes its backend at import):
+
+    KERAS_BACKEND=jax python -m tests.backend_worker WORKDIR
+
+Reads the checkpoints and images that `tests/test_backends.py` wrote to WORKDIR, writes the
+logits of keras_vit's models (`logits.npz`) and what it checked (`report.json`). Checks: no
+TensorFlow import, `.npz` and `.safetensors` loading (resized too), `.keras` and `.weights.h5` round
+trips of a whole model, and that a few `fit` steps lower the loss.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def main(workdir: str) -> None:
+    import keras
+    import keras_vit
+
+    report = {"backend": keras.backend.backend(), "tensorflow_imported": "tensorflow" in sys.modules}
+    spec = json.load(open(os.path.join(workdir, "spec.json")))
+    images = dict(np.load(os.path.join(workdir, "images.npz")))
+    logits = {}
+    for case in spec["cases"]:
+        model = keras_vit.VisionTransformer(**case["build"], weights=os.path.join(workdir, case["file"]))
+        logits[case["name"]] = keras.ops.convert_to_numpy(model(images[case["images"]], training=False))
+    model = keras_vit.VisionTransformer(**spec["cases"][0]["build"], weights=os.path.join(workdir, spec["cases"][0]["file"]))
+    x = images[spec["cases"][0]["images"]]
+    expected = keras.ops.convert_to_numpy(model(x))
+    for name in ("model.keras", "model.weights.h5"):
+        path = os.path.join(workdir, name)
+        if name.endswith(".keras"):
+            model.save(path)
+            revived = keras.saving.load_model(path)
+        else:
+            model.save_weights(path)
+            revived = keras_vit.VisionTransformer(**spec["cases"][0]["build"], weights=path)
+        report[f"{name} max difference"] = float(np.abs(keras.ops.convert_to_numpy(revived(x)) - expected).max())
+    keras.utils.set_random_seed(0)
+    trainee = keras_vit.VisionTransformer(**spec["train"], weights=None)
+    trainee.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+    labels = np.arange(len(x)) % spec["train"]["classes"]
+    report["losses"] = trainee.fit(x, labels, epochs=spec["epochs"], batch_size=len(x), verbose=0).history["loss"]
+    np.savez(os.path.join(workdir, "logits.npz"), **logits)
+    with open(os.path.join(workdir, "report.json"), "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

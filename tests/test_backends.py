@@ -1,0 +1,96 @@
+"""keras_vit on the JAX and PyTorch Keras backends (each in its own process, as Keras fixes its
+backend at import): the same logits as on TensorFlow for original-layout and timm / Hugging Face
+checkpoints, the layer and config round trips of `tests/test_layers.py`, and `fit` steps that
+lower the loss. PyTorch is tested where it is installed (`.ci/run` installs its CPU wheel)."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras_vit
+from tests.test_torch_checkpoints import hf_state_dict, save, timm_state_dict
+from tests.testing import TINY_HYBRID, TINY_VIT, save_checkpoint, vit_checkpoint
+
+BACKENDS = ("jax", "torch")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (name, checkpoint file, builder arguments, images): plain and hybrid at their native size, a
+# resized rectangular input, and both PyTorch-world layouts (exact GELU, their LayerNorm epsilon;
+# no preprocessing layer, so [-1, 1] images).
+CASES = [
+    ("vit", "vit.npz", dict(TINY_VIT, input_shape=(32, 32, 3), classifier_activation=None), "square"),
+    ("vit_resized", "vit.npz", dict(TINY_VIT, input_shape=(40, 56, 3), classifier_activation=None), "rectangle"),
+    ("hybrid", "hybrid.npz", dict(TINY_HYBRID, input_shape=(32, 32, 3), classifier_activation=None), "square"),
+    ("timm", "timm.safetensors", dict(TINY_VIT, input_shape=(32, 32, 3), classifier_activation=None,
+                                      include_preprocessing=False), "square_unit"),
+    ("hugging_face", "hf.safetensors", dict(TINY_VIT, input_shape=(40, 56, 3), classifier_activation=None,
+                                            include_preprocessing=False), "rectangle_unit"),
+]
+TRAIN = dict(TINY_VIT, input_shape=(32, 32, 3), classes=4)
+EPOCHS = 8
+
+
+def _backend_available(backend: str) -> bool:
+    return importlib.util.find_spec(backend) is not None
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """Checkpoints, images and the TensorFlow logits of every case."""
+    path = tmp_path_factory.mktemp("backends")
+    save_checkpoint(path / "vit.npz", vit_checkpoint(seed=3))
+    save_checkpoint(path / "hybrid.npz", vit_checkpoint(TINY_HYBRID, seed=4))
+    save(timm_state_dict(seed=5), path / "timm.safetensors")
+    save(hf_state_dict(seed=6), path / "hf.safetensors")
+    rng = np.random.default_rng(0)
+    images = {"square": rng.uniform(0, 255, (4, 32, 32, 3)).astype("float32"),
+              "rectangle": rng.uniform(0, 255, (4, 40, 56, 3)).astype("float32")}
+    images.update({f"{key}_unit": value / 127.5 - 1 for key, value in list(images.items())})  # No preprocessing
+    np.savez(path / "images.npz", **images)
+    spec = {"cases": [dict(name=n, file=f, build=b, images=i) for n, f, b, i in CASES], "train": TRAIN,
+            "epochs": EPOCHS}
+    (path / "spec.json").write_text(json.dumps(spec))
+    tensorflow_logits = {}
+    for name, file, build, image_key in CASES:
+        model = keras_vit.VisionTransformer(**build, weights=str(path / file))
+        tensorflow_logits[name] = np.asarray(model(images[image_key], training=False))
+        assert np.ptp(tensorflow_logits[name]) > 0.5, f"{name}: degenerate logits"
+    return path, tensorflow_logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_matches_tensorflow_and_trains(workdir, backend):
+    if not _backend_available(backend):
+        pytest.skip(f"{backend} is not installed (pip install {backend})")
+    path, tensorflow_logits = workdir
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "tests.backend_worker", str(path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((path / "report.json").read_text())
+    assert report["backend"] == backend
+    assert not report["tensorflow_imported"], "import keras_vit imported TensorFlow on another backend"
+    logits = np.load(path / "logits.npz")
+    for name, expected in tensorflow_logits.items():
+        np.testing.assert_allclose(logits[name], expected, atol=1e-5, rtol=0, err_msg=f"{backend}: {name}")
+    assert report["model.keras max difference"] <= 1e-6 and report["model.weights.h5 max difference"] <= 1e-6
+    losses = report["losses"]
+    assert losses[-1] < losses[0] - 0.2, losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_tests_pass_on_backend(backend):
+    if not _backend_available(backend):
+        pytest.skip(f"{backend} is not installed (pip install {backend})")
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_layers.py"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout
