@@ -17,14 +17,11 @@ import tensorflow as tf
 import keras
 import keras_vit
 from export import data, export_all, model_io, saved_model, serving, tflite
-from tests.testing import graph_op_types, randomize
+from tests.testing import TINY_HYBRID, TINY_VIT, graph_op_types, randomize
 
 SIZE = (32, 32)
-TINY = dict(hidden_dim=48, mlp_dim=96, num_heads=3, input_shape=(*SIZE, 3), classes=10, weights=None)
-ARCHITECTURES = {
-    "plain": dict(TINY, patch_size=8, num_layers=2),
-    "hybrid": dict(TINY, patch_size=1, num_layers=1, resnet_stages=(1, 1)),
-}
+ARCHITECTURES = {kind: dict(config, input_shape=(*SIZE, 3), classes=10, weights=None)
+                 for kind, config in (("plain", TINY_VIT), ("hybrid", TINY_HYBRID))}
 CLASS_NAMES = [f"class_{i}" for i in range(10)]
 
 

@@ -14,14 +14,15 @@ from PIL import Image
 import keras_vit
 from keras_vit import fewshot
 from keras_vit import inspect as vit_inspect
+from tests.testing import TINY_VIT
 from training import fewshot as fewshot_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = dict(patch_size=8, hidden_dim=48, mlp_dim=96, num_heads=3, num_layers=2, classes=10, weights=None)
 
 
 def tiny_model(input_shape=(32, 48, 3), **kwargs):
-    return keras_vit.VisionTransformer(input_shape=input_shape, **{**TINY, **kwargs})
+    config = {**TINY_VIT, "classes": 10, "weights": None, **kwargs}
+    return keras_vit.VisionTransformer(input_shape=input_shape, **config)
 
 
 def random_images(shape=(32, 48, 3), count=2, seed=0):
@@ -119,7 +120,7 @@ def test_uniform_attention_distance_on_a_2x2_grid():
 
 def test_uniform_attention_gives_analytic_mean_distance():
     model = tiny_model()
-    for index in range(TINY["num_layers"]):
+    for index in range(TINY_VIT["num_layers"]):
         attention = model.get_layer(f"encoderblock_{index}").attention
         for weight in attention.query_dense.weights + attention.key_dense.weights:
             weight.assign(np.zeros(weight.shape))  # all logits 0: uniform attention

@@ -16,7 +16,7 @@ import pytest
 
 import keras_vit
 from keras_vit import masked
-from tests.testing import TINY_HYBRID, TINY_VIT, randomize, run_serialization_test
+from tests.testing import TINY_HYBRID, TINY_VIT, TRAIN_VIT_OVERRIDES, randomize, run_serialization_test
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = (32, 32, 3)
@@ -293,9 +293,9 @@ def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(t
     assert (paper.optimizer, paper.weight_decay, paper.lr, paper.warmup_steps, paper.decay) == (
         "adamw", 0.0, 2e-4, 10_000, "cosine")  # Adam: AdamW without weight decay.
     assert (paper.batch_size, paper.corruption_rate, paper.masked_target, paper.target_bits) == (4096, 0.5, "mean", 3)
-    tiny = ["variant=", "patch_size=8", "hidden_dim=16", "mlp_dim=32", "num_heads=2", "num_layers=1",
-            "image_size=16", "batch_size=16", "epochs=1", "steps_per_epoch=2", "total_steps=0", "warmup_steps=1",
-            "dataset=digits", "train_split=train", "eval_split=test", "shuffle_buffer=64", "masked_target=4x4"]
+    tiny = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=1", "steps_per_epoch=2", "total_steps=0",
+            "warmup_steps=1", "dataset=digits", "train_split=train", "eval_split=test", "shuffle_buffer=64",
+            "masked_target=4x4"]
     config = configs.apply_overrides(paper, tiny)
     summary = trainer.train_and_evaluate(config, str(tmp_path / "mpp"), verbose=0)
     assert summary["optimizer_iterations"] == 2 and np.isfinite(summary["loss"]) and "masked_accuracy" in summary
@@ -304,7 +304,7 @@ def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(t
     trained = keras.saving.load_model(summary["model_path"])
     # A supervised fine-tune starts from the encoder weights, copied unchanged; its head is new.
     finetune = configs.apply_overrides(configs.get_config("digits"), [
-        *tiny[:7], "recipe=finetune", f"weights={summary['encoder_weights_path']}"])
+        *TRAIN_VIT_OVERRIDES, "image_size=16", "recipe=finetune", f"weights={summary['encoder_weights_path']}"])
     classifier = trainer.build_model(finetune, 10)
     for layer in masked.encoder_layers(trained):
         for source, loaded in zip(layer.weights, classifier.get_layer(layer.name).weights):
