@@ -14,7 +14,7 @@ from PIL import Image
 import keras_vit
 from keras_vit import fewshot
 from keras_vit import inspect as vit_inspect
-from tests.testing import TINY_VIT
+from tests.testing import TINY_VIT, digits_few_shot_reference
 from training import fewshot as fewshot_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,8 +221,13 @@ def test_feature_extractor_takes_pre_logits_else_pool():
 
 
 def test_fewshot_command_line(saved_model, capsys):
-    results = fewshot_cli.main(["--model", saved_model, "--shots", "1", "5", "--seeds", "1"])
-    assert sorted(results) == [1, 5] and all(0.0 <= mean <= 1.0 for mean, _ in results.values())
+    results = fewshot_cli.main(["--model", saved_model, "--shots", "1", "5", "--seeds", "2"])
+    model = keras.saving.load_model(saved_model)
+    pooled = keras.Model(model.inputs, model.get_layer("pool").output)  # No pre_logits: the pooled token.
+    expected = digits_few_shot_reference(pooled, shots=(1, 5), seeds=2)
+    assert sorted(results) == [1, 5]
+    for k in (1, 5):
+        np.testing.assert_allclose(results[k], expected[k], atol=1e-12)
     assert "5-shot digits accuracy" in capsys.readouterr().out
 
 

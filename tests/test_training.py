@@ -88,11 +88,16 @@ def test_paper_defaults():
     assert (finetune.warmup_steps, finetune.batch_size * finetune.grad_accum_steps) == (500, 512)
 
 
-@pytest.mark.parametrize("decay, middle", [("cosine", 0.5), ("linear", 0.5)])
-def test_warmup_then_decay(decay, middle):
+@pytest.mark.parametrize("decay, quarter, three_quarters", [
+    ("cosine", (2 + 2 ** 0.5) / 4, (2 - 2 ** 0.5) / 4),  # (1 + cos(pi t)) / 2 at t = 1/4 and 3/4
+    ("linear", 0.75, 0.25),  # 1 - t
+])
+def test_warmup_then_decay(decay, quarter, three_quarters):
+    """Linear warmup to the peak 2.0 over 10 steps, then the decay over 100 steps to 0."""
     schedule = trainer.WarmupDecay(2.0, warmup_steps=10, total_steps=110, decay=decay)
-    values = [float(schedule(step)) for step in (0, 5, 10, 60, 110)]
-    np.testing.assert_allclose(values, [0.0, 1.0, 2.0, 2.0 * middle, 0.0], atol=1e-6)
+    values = [float(schedule(step)) for step in (0, 3, 5, 10, 35, 60, 85, 110, 130)]
+    expected = [0.0, 0.6, 1.0, 2.0, 2.0 * quarter, 1.0, 2.0 * three_quarters, 0.0, 0.0]
+    np.testing.assert_allclose(values, expected, atol=1e-6)
 
 
 def test_gradient_accumulation_updates_every_second_step():

@@ -219,6 +219,31 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None):
     return x @ a["head/kernel"] + a["head/bias"]
 
 
+def digits_few_shot_reference(features_model: keras.Model, shots, seeds: int,
+                               l2_reg: float = 1.0) -> dict[int, tuple[float, float]]:
+    """Few-shot accuracy on the digits split of `training.fewshot` from the outputs of
+    `features_model`: scikit-learn's ridge regression (unpenalized intercept) onto {-1, 1}
+    one-vs-rest targets of the k-shot draws of `keras_vit.fewshot.sample_few_shot`.
+    Returns `{k: (mean, std over seeds)}`."""
+    from sklearn.linear_model import Ridge
+
+    from keras_vit.fewshot import sample_few_shot
+    from training.fewshot import load_digits_split
+
+    train_x, train_y, test_x, test_y = load_digits_split(features_model.inputs[0].shape[1:])
+    train_features = features_model.predict(train_x, batch_size=64, verbose=0).astype("float64")
+    test_features = features_model.predict(test_x, batch_size=64, verbose=0).astype("float64")
+    results = {}
+    for k in shots:
+        accuracies = []
+        for seed in range(seeds):
+            chosen = sample_few_shot(train_y, k, seed)
+            ridge = Ridge(alpha=l2_reg).fit(train_features[chosen], 2.0 * np.eye(10)[train_y[chosen]] - 1.0)
+            accuracies.append(np.mean(ridge.predict(test_features).argmax(axis=1) == test_y))
+        results[k] = (float(np.mean(accuracies)), float(np.std(accuracies)))
+    return results
+
+
 # --- Checkpoints in the released `.npz` layout (random values) ---
 # Every key and shape follows the public files: `Transformer/` prefix, old Flax module names,
 # attention kernels (D, heads, head_dim), GroupNorm scale/bias as (1, 1, 1, C) in hybrids.
