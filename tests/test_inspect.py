@@ -251,6 +251,7 @@ def test_command_line_needs_one_model_source(tmp_path):
         vit_inspect.model_from_args(None, None, None, (32, 32))
 
 
+@pytest.mark.slow
 def test_help():
     result = subprocess.run([sys.executable, "-m", "keras_vit.inspect", "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)

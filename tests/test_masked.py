@@ -17,7 +17,7 @@ import pytest
 import keras_vit
 from keras_vit import masked
 from tests.testing import (TINY_HYBRID, TINY_VIT, TRAIN_VIT_OVERRIDES, digits_few_shot_reference, randomize,
-                           run_serialization_test)
+                           ridge_few_shot_accuracy, run_serialization_test)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = (32, 32, 3)
@@ -218,6 +218,7 @@ def test_wraps_a_given_model_and_shares_its_weights():
         masked.masked_patch_model(vit, target="colour")
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16_fit_step():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     model = _tiny_masked(seed=2)
@@ -269,6 +270,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_mirrored_two_cpus_fit_on_images_matches_one_device():
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT], env=env, cwd=REPO, capture_output=True,
@@ -314,3 +316,17 @@ def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(t
     encoder = keras.saving.load_model(summary["encoder_path"])
     results = digits_fewshot.evaluate(encoder, shots=(1,), seeds=2)
     np.testing.assert_allclose(results[1], digits_few_shot_reference(encoder, shots=(1,), seeds=2)[1], atol=1e-12)
+
+
+def test_masked_digits_few_shot_matches_ridge_reference():
+    from training import masked_digits
+
+    encoder = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), include_top=False, pooling="token",
+                                          weights=None)
+    results = masked_digits.few_shot(encoder, shots=(1, 5), seeds=2)
+    (train_x, train_y), (test_x, test_y) = masked_digits._split("train"), masked_digits._split("test")
+    assert (len(train_y), len(test_y)) == (1437, 360)
+    train_features, test_features = (encoder.predict(x, verbose=0) for x in (train_x, test_x))
+    for k in (1, 5):
+        expected = [ridge_few_shot_accuracy(train_features, train_y, test_features, test_y, k, seed) for seed in (0, 1)]
+        np.testing.assert_allclose(results[k], expected, atol=1e-12)

@@ -46,6 +46,7 @@ def test_all_variants_counted():
     assert {builder.variant for builder in keras_vit.BUILDERS.values()} == set(variants.VARIANTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PARAM_COUNTS))
 def test_variant_parameter_count_and_shapes(name):
     builder = keras_vit.BUILDERS[name]
@@ -132,6 +133,7 @@ def test_drop_path_rate_rises_linearly():
     np.testing.assert_allclose(rates, [0.0, 0.1, 0.2])
 
 
+@pytest.mark.slow
 def test_tiny_model_trains():
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=2)
     x = images((32, 16, 16, 3))

@@ -100,6 +100,7 @@ def test_warmup_then_decay(decay, quarter, three_quarters):
     np.testing.assert_allclose(values, expected, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_updates_every_second_step():
     model = trainer.build_model(tiny_config(), num_classes=10)
     model.compile(trainer.make_optimizer(tiny_config("grad_accum_steps=2", "warmup_steps=0"), total_steps=10),
@@ -172,6 +173,7 @@ def test_randaugment_and_mixup_give_soft_labels():
     assert float(tf.reduce_min(tf.reduce_max(labels, axis=-1))) < 1.0 - 1e-6  # Some labels were mixed.
 
 
+@pytest.mark.slow
 def test_bfloat16_sigmoid_label_smoothing_run(tmp_path):
     summary = trainer.train_and_evaluate(
         tiny_config("precision=bfloat16", "loss=sigmoid", "label_smoothing=0.1", "epochs=1"), str(tmp_path),
@@ -191,6 +193,7 @@ LOAD_WITHOUT_TRAINING = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_saved_model_loads_without_the_training_package(tmp_path):
     summary = trainer.train_and_evaluate(tiny_config("epochs=1"), str(tmp_path / "run"), verbose=0)
     env = {key: value for key, value in _env().items() if key != "PYTHONPATH"}  # keras_vit: the installed one.
@@ -286,6 +289,7 @@ def test_image_folder_decodes_odd_files_and_skips_bad_ones(tmp_path):
     assert time.time() - start < 60
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
     class PoisonWeights(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -315,6 +319,7 @@ def _finetune_loss_falls(tmp_path, weights: str, image_size: int, epochs: int = 
     assert losses[-1] < losses[0] - 0.15 and losses[-1] < np.log(10) - 0.2, losses
 
 
+@pytest.mark.slow
 def test_finetune_from_weights_h5_new_zero_head_and_loss_falls(tmp_path):
     keras.utils.set_random_seed(1)
     backbone = keras_vit.VisionTransformer(**TRAIN_VIT, include_top=False, pooling="token", input_shape=(16, 16, 3))
@@ -327,6 +332,7 @@ def test_finetune_from_weights_h5_new_zero_head_and_loss_falls(tmp_path):
     _finetune_loss_falls(tmp_path, path, image_size=16, epochs=6)
 
 
+@pytest.mark.slow
 def test_finetune_from_original_npz_at_another_resolution(tmp_path):
     path = str(tmp_path / "ViT-tiny.npz")
     # An ImageNet-21k style checkpoint pre-trained at 16 px (2x2 patches); fine-tuned at 32 px (4x4).
@@ -376,6 +382,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_mirrored_two_cpus_matches_default_and_checks_batch(tmp_path):
     # SGD: Adam's m / sqrt(v) would turn float rounding in near-zero gradients into full-size steps.
     overrides = [*TINY, "inception_crop=false", "shuffle_buffer=0", "epochs=1", "steps_per_epoch=4",
@@ -391,6 +398,7 @@ def test_mirrored_two_cpus_matches_default_and_checks_batch(tmp_path):
     assert float(result.stdout.split("MOVED:")[1].split()[0]) > 1e-2, result.stdout
 
 
+@pytest.mark.slow
 def test_multiworker_two_processes_end_with_identical_weights(tmp_path):
     ports = _free_ports(2)
     processes = []
@@ -457,6 +465,7 @@ def _wait(process: subprocess.Popen, timeout: float) -> tuple[int | None, str]:
     return process.returncode, output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lagging_backup", [False, True])
 def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path, lagging_backup):
     """Worker 1 is SIGKILLed as step 7 begins (epoch 2 of 3, batch 3 of 4; backups every 2 steps).
@@ -501,6 +510,7 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path, 
     assert not (tmp_path / "backup" / "worker_0").exists() and not (tmp_path / "backup" / "worker_1").exists()
 
 
+@pytest.mark.slow
 def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
     command = _cli(tmp_path, "epochs=40", "steps_per_epoch=4")
     history = tmp_path / "history.csv"
@@ -523,6 +533,7 @@ def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
     assert not os.path.exists(tmp_path / "backup" / "worker_0")  # Deleted once the run completes.
 
 
+@pytest.mark.slow
 def test_cli_help_explains_every_flag():
     result = subprocess.run([sys.executable, "-m", "training.train", "--help"], env=_env(), capture_output=True,
                             text=True, timeout=60)

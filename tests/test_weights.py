@@ -316,6 +316,7 @@ def test_converter_round_trip(checkpoint, args, arch, size, vit_file, hybrid_fil
     np.testing.assert_array_equal(logits(build(out, size, arch=arch), x), logits(build(path, size, arch=arch), x))
 
 
+@pytest.mark.slow
 def test_converter_with_registered_variant(tmp_path, capsys):
     arrays = vit_checkpoint(dict(patch_size=16, hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12), grid=2,
                             classes=1000)
@@ -335,6 +336,7 @@ def test_converter_rejects_wrong_variant(vit_file, tmp_path):
         convert.main([vit_file[0], str(tmp_path / "x.weights.h5"), "--variant", "Ti/16"])
 
 
+@pytest.mark.slow
 def test_converter_help():
     result = subprocess.run([sys.executable, "-m", "keras_vit.convert", "--help"], capture_output=True, text=True,
                             timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))

@@ -219,27 +219,33 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None):
     return x @ a["head/kernel"] + a["head/bias"]
 
 
-def digits_few_shot_reference(features_model: keras.Model, shots, seeds: int,
-                               l2_reg: float = 1.0) -> dict[int, tuple[float, float]]:
-    """Few-shot accuracy on the digits split of `training.fewshot` from the outputs of
-    `features_model`: scikit-learn's ridge regression (unpenalized intercept) onto {-1, 1}
-    one-vs-rest targets of the k-shot draws of `keras_vit.fewshot.sample_few_shot`.
-    Returns `{k: (mean, std over seeds)}`."""
+def ridge_few_shot_accuracy(train_features, train_labels, test_features, test_labels, shots: int, seed: int,
+                            l2_reg: float = 1.0) -> float:
+    """Test accuracy of scikit-learn's ridge regression (unpenalized intercept) onto {-1, 1}
+    one-vs-rest targets, fit on the k-shot draw `keras_vit.fewshot.sample_few_shot(train_labels, shots, seed)`."""
     from sklearn.linear_model import Ridge
 
     from keras_vit.fewshot import sample_few_shot
+
+    chosen = sample_few_shot(train_labels, shots, seed)
+    targets = 2.0 * np.eye(int(train_labels.max()) + 1)[train_labels[chosen]] - 1.0
+    ridge = Ridge(alpha=l2_reg).fit(np.asarray(train_features, "float64")[chosen], targets)
+    return float(np.mean(ridge.predict(np.asarray(test_features, "float64")).argmax(axis=1) == test_labels))
+
+
+def digits_few_shot_reference(features_model: keras.Model, shots, seeds: int,
+                              l2_reg: float = 1.0) -> dict[int, tuple[float, float]]:
+    """`ridge_few_shot_accuracy` of the outputs of `features_model` on the digits split of
+    `training.fewshot`, for each k: `{k: (mean, std over seeds)}`."""
     from training.fewshot import load_digits_split
 
     train_x, train_y, test_x, test_y = load_digits_split(features_model.inputs[0].shape[1:])
-    train_features = features_model.predict(train_x, batch_size=64, verbose=0).astype("float64")
-    test_features = features_model.predict(test_x, batch_size=64, verbose=0).astype("float64")
+    train_features = features_model.predict(train_x, batch_size=64, verbose=0)
+    test_features = features_model.predict(test_x, batch_size=64, verbose=0)
     results = {}
     for k in shots:
-        accuracies = []
-        for seed in range(seeds):
-            chosen = sample_few_shot(train_y, k, seed)
-            ridge = Ridge(alpha=l2_reg).fit(train_features[chosen], 2.0 * np.eye(10)[train_y[chosen]] - 1.0)
-            accuracies.append(np.mean(ridge.predict(test_features).argmax(axis=1) == test_y))
+        accuracies = [ridge_few_shot_accuracy(train_features, train_y, test_features, test_y, k, seed, l2_reg)
+                      for seed in range(seeds)]
         results[k] = (float(np.mean(accuracies)), float(np.std(accuracies)))
     return results
 
