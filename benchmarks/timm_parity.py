@@ -47,7 +47,7 @@ def compare(name: str, out_dir: str, batch: int = 2) -> dict[str, float]:
     from safetensors.torch import save_file
 
     import keras_vit
-    from export import saved_model
+    from keras_vit.export import saved_model
 
     model = timm_model(name)
     path = os.path.join(out_dir, f"{name}.safetensors")

@@ -1,7 +1,8 @@
 """The benchmark harness runs in --quick mode and writes the fields its reports promise.
 
-The benchmark itself is not a test: this checks only that `python -m benchmarks.run
---quick` runs end to end (peers skipped when not installed) and that its JSON is whole.
+The benchmark itself is not a test: this checks that `python -m benchmarks.run --quick` runs
+end to end (peers skipped when not installed) and that its JSON is whole; the fast tests run
+one quick case in this process and check the harness' arithmetic.
 """
 
 import json
@@ -9,11 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from benchmarks import cases, run, torchvision_stub, worker
+
 ROOT = Path(__file__).resolve().parents[1]
 ROW_FIELDS = {"case", "kind", "arch", "batch", "dtype", "impl", "status", "samples", "img_per_s",
               "latency_p50_ms", "latency_p90_ms", "peak_rss_mib", "peak_fraction", "ratio_to"}
 
 
+@pytest.mark.slow
 def test_quick_benchmark_writes_json_and_markdown(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -42,3 +49,42 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
                                                    if r["case"] == row["case"] and r["status"] == "ok"}
     for impl, why in report["skipped"].items():
         assert "not installed" in why
+
+
+def test_worker_times_a_quick_case_in_this_process(capsys):
+    case = next(case for case in cases.cases(quick=True) if case.name == "infer_fp32_bs16")
+    worker.main(["keras_vit", "2", json.dumps(case.to_dict())])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(worker.RESULT_PREFIX)]
+    (result,) = json.loads(lines[0][len(worker.RESULT_PREFIX):])
+    assert result["status"] == "ok" and result["case"] == case.name, result
+    assert len(result["latencies"]) == case.iters and min(result["latencies"]) > 0
+
+
+def test_forward_flops_count_every_matmul_of_the_tiny_model():
+    # 32 px at patch 8: 16 patches + the class token; width 32, MLP 64, 2 blocks, 10 classes.
+    tokens, d, m = 17, 32, 64
+    attention = tokens * 3 * d * d + 2 * tokens * tokens * d + tokens * d * d  # QKV, scores and mix, output
+    per_block = attention + tokens * 2 * d * m
+    macs = 2 * per_block + 16 * 8 * 8 * 3 * d + d * 10  # blocks, patch embedding, head
+    assert cases.forward_flops("tiny") == 2 * macs
+    train = next(case for case in cases.cases(quick=True) if case.kind == "train")
+    assert cases.case_flops(train) == 3 * train.batch * 2 * macs
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 1.0])
+def test_percentile_interpolates_like_numpy(q):
+    values = [5.0, 1.0, 4.0, 2.5, 9.0]
+    assert run._percentile(values, q) == pytest.approx(np.percentile(values, 100 * q))
+
+
+def test_torchvision_stub_frozen_batch_norm_is_the_affine_batch_norm():
+    torch = pytest.importorskip("torch")
+    norm = torchvision_stub._frozen_batch_norm()(3)
+    rng = np.random.default_rng(0)
+    weight, bias, mean, var = rng.normal(size=3), rng.normal(size=3), rng.normal(size=3), rng.uniform(0.5, 2, 3)
+    for name, value in (("weight", weight), ("bias", bias), ("running_mean", mean), ("running_var", var)):
+        getattr(norm, name).copy_(torch.tensor(value, dtype=torch.float32))
+    x = rng.normal(size=(2, 3, 4, 4))
+    expected = ((x - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5) * weight[:, None, None]
+                + bias[:, None, None])
+    np.testing.assert_allclose(norm(torch.tensor(x, dtype=torch.float32)).numpy(), expected, atol=1e-5)

@@ -13,18 +13,16 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from ai_edge_litert.interpreter import Interpreter
 
 import keras
 import keras_vit
 from export import data, export_all, model_io, saved_model, serving, tflite
-from tests.testing import graph_op_types, randomize
+from tests.testing import TINY_HYBRID, TINY_VIT, graph_op_types, randomize
 
 SIZE = (32, 32)
-TINY = dict(hidden_dim=48, mlp_dim=96, num_heads=3, input_shape=(*SIZE, 3), classes=10, weights=None)
-ARCHITECTURES = {
-    "plain": dict(TINY, patch_size=8, num_layers=2),
-    "hybrid": dict(TINY, patch_size=1, num_layers=1, resnet_stages=(1, 1)),
-}
+ARCHITECTURES = {kind: dict(config, input_shape=(*SIZE, 3), classes=10, weights=None)
+                 for kind, config in (("plain", TINY_VIT), ("hybrid", TINY_HYBRID))}
 CLASS_NAMES = [f"class_{i}" for i in range(10)]
 
 
@@ -105,6 +103,7 @@ SUBPROCESS_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_tf2_load_without_keras_vit_matches_keras(exported, images, tmp_path):
     model, path = exported
     other_size = np.round(data.photos((48, 40), count=3, seed=2))
@@ -246,6 +245,24 @@ def check_tflite_report(report: dict, out_dir) -> dict[str, dict]:
     return results
 
 
+def test_tflite_float32_file_matches_keras(tmp_path, images):
+    model = tiny_model("plain")
+    report = tflite.export_tflite(model, tmp_path, images=images, modes=("float32",), calibration_count=0)
+    (result,) = report["modes"]
+    assert result["non_builtin_ops"] == [] and result["images"] == len(images)
+    assert result["max_abs_diff"] <= 1e-4 and result["passed"]
+    interpreter = Interpreter(model_path=str(tmp_path / result["file"]))
+    interpreter.allocate_tensors()
+    (given,), (output,) = interpreter.get_input_details(), interpreter.get_output_details()
+    outputs = []
+    for image in images:
+        interpreter.set_tensor(given["index"], image[np.newaxis].astype("float32"))
+        interpreter.invoke()
+        outputs.append(interpreter.get_tensor(output["index"])[0])
+    np.testing.assert_allclose(np.stack(outputs), model.predict(images, verbose=0), atol=1e-4)
+
+
+@pytest.mark.slow
 def test_tflite_trained_model_meets_every_threshold(tmp_path):
     report = tflite.export_tflite(trained_digits_model(), tmp_path, dataset="digits")
     results = check_tflite_report(report, tmp_path)
@@ -254,6 +271,7 @@ def test_tflite_trained_model_meets_every_threshold(tmp_path):
     assert all(result["passed"] for result in results.values())
 
 
+@pytest.mark.slow
 def test_export_all_hybrid_builtin_only_and_float_thresholds(tmp_path):
     report = export_all(tiny_model("hybrid"), tmp_path, dataset="photos")
     assert report["saved_model"] == str(tmp_path / "saved_model" / "1")

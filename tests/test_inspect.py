@@ -14,14 +14,15 @@ from PIL import Image
 import keras_vit
 from keras_vit import fewshot
 from keras_vit import inspect as vit_inspect
+from tests.testing import TINY_VIT, digits_few_shot_reference
 from training import fewshot as fewshot_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = dict(patch_size=8, hidden_dim=48, mlp_dim=96, num_heads=3, num_layers=2, classes=10, weights=None)
 
 
 def tiny_model(input_shape=(32, 48, 3), **kwargs):
-    return keras_vit.VisionTransformer(input_shape=input_shape, **{**TINY, **kwargs})
+    config = {**TINY_VIT, "classes": 10, "weights": None, **kwargs}
+    return keras_vit.VisionTransformer(input_shape=input_shape, **config)
 
 
 def random_images(shape=(32, 48, 3), count=2, seed=0):
@@ -119,7 +120,7 @@ def test_uniform_attention_distance_on_a_2x2_grid():
 
 def test_uniform_attention_gives_analytic_mean_distance():
     model = tiny_model()
-    for index in range(TINY["num_layers"]):
+    for index in range(TINY_VIT["num_layers"]):
         attention = model.get_layer(f"encoderblock_{index}").attention
         for weight in attention.query_dense.weights + attention.key_dense.weights:
             weight.assign(np.zeros(weight.shape))  # all logits 0: uniform attention
@@ -220,8 +221,13 @@ def test_feature_extractor_takes_pre_logits_else_pool():
 
 
 def test_fewshot_command_line(saved_model, capsys):
-    results = fewshot_cli.main(["--model", saved_model, "--shots", "1", "5", "--seeds", "1"])
-    assert sorted(results) == [1, 5] and all(0.0 <= mean <= 1.0 for mean, _ in results.values())
+    results = fewshot_cli.main(["--model", saved_model, "--shots", "1", "5", "--seeds", "2"])
+    model = keras.saving.load_model(saved_model)
+    pooled = keras.Model(model.inputs, model.get_layer("pool").output)  # No pre_logits: the pooled token.
+    expected = digits_few_shot_reference(pooled, shots=(1, 5), seeds=2)
+    assert sorted(results) == [1, 5]
+    for k in (1, 5):
+        np.testing.assert_allclose(results[k], expected[k], atol=1e-12)
     assert "5-shot digits accuracy" in capsys.readouterr().out
 
 
@@ -245,6 +251,7 @@ def test_command_line_needs_one_model_source(tmp_path):
         vit_inspect.model_from_args(None, None, None, (32, 32))
 
 
+@pytest.mark.slow
 def test_help():
     result = subprocess.run([sys.executable, "-m", "keras_vit.inspect", "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)

@@ -225,6 +225,7 @@ def test_internals_work_on_this_tensorflow():
 # --- where the scope is entered: Keras steps of a ViTModel, never exports ---
 
 
+@pytest.mark.slow
 def test_fit_evaluate_predict_enter_the_scope_and_jit_compile_does_not(monkeypatch):
     seen = []
     original = kernels.active
@@ -261,6 +262,7 @@ def test_calls_and_exports_get_portable_ops(monkeypatch, tmp_path):
 # --- mixed_bfloat16 on every CPU ---
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16_predict_and_fit_run_on_this_cpu_and_match_float32():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), classes=4, classifier_activation=None)

@@ -1,5 +1,5 @@
 """Per-layer tests: build, eager and symbolic calls, config round trips, a training step,
-and numerics against NumPy references written from the paper's equations."""
+and numerics against the NumPy references of tests/testing.py."""
 
 import keras
 import numpy as np
@@ -7,51 +7,8 @@ import pytest
 
 import keras_vit
 from keras_vit import layers as vit_layers
-from tests.testing import randomize, run_layer_test, run_serialization_test
-
-# --- NumPy references (float64), REFERENCE.md section 2 ---
-
-
-def np_layer_norm(x, gamma, beta, eps=1e-6):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
-
-
-def np_gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
-
-
-def np_softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
-
-
-def np_attention(x, w):
-    """Multi-head self-attention from (D, H, hd) / (H, hd, D) kernels; returns output, weights."""
-    q = np.einsum("btd,dhk->bthk", x, w["query/kernel"]) + w["query/bias"]
-    k = np.einsum("btd,dhk->bthk", x, w["key/kernel"]) + w["key/bias"]
-    v = np.einsum("btd,dhk->bthk", x, w["value/kernel"]) + w["value/bias"]
-    weights = np_softmax(np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1]))
-    out = np.einsum("bhqs,bshk->bqhk", weights, v)
-    return np.einsum("bqhk,hkd->bqd", out, w["attention_output/kernel"]) + w["attention_output/bias"], weights
-
-
-def np_encoder_block(x, w):
-    """x + MHA(LN(x)), then + MLP(LN(.)), with GELU in its tanh form."""
-    y = np_layer_norm(x, w["LayerNorm_0/gamma"], w["LayerNorm_0/beta"])
-    attn_w = {k.split("MultiHeadDotProductAttention_1/")[1]: v for k, v in w.items() if "MultiHead" in k}
-    attended, scores = np_attention(y, attn_w)
-    x = x + attended
-    y = np_layer_norm(x, w["LayerNorm_2/gamma"], w["LayerNorm_2/beta"])
-    y = np_gelu_tanh(y @ w["MlpBlock_3/Dense_0/kernel"] + w["MlpBlock_3/Dense_0/bias"])
-    return x + y @ w["MlpBlock_3/Dense_1/kernel"] + w["MlpBlock_3/Dense_1/bias"], scores
-
-
-def weights_by_path(layer):
-    prefix = layer.name + "/"
-    return {w.path[len(prefix):]: np.asarray(w, dtype="float64") for w in layer.weights}
-
+from tests.testing import (encoder_block, gelu_tanh, randomize, released_names, run_layer_test,
+                           run_serialization_test)
 
 # --- Patches and patch embedding ---
 
@@ -168,11 +125,8 @@ def test_position_embedding_errors():
 
 def test_transformer_block_layer():
     layer = keras_vit.TransformerBlock(num_heads=2, mlp_dim=16, dropout_rate=0.1,
-                                       attention_dropout_rate=0.1, drop_path_rate=0.1, name="encoderblock_3")
+                                       attention_dropout_rate=0.1, drop_path_rate=0.1)
     run_layer_test(layer, (2, 5, 8), (2, 5, 8))
-    names = sorted(w.path for w in layer.weights)
-    assert "encoderblock_3/MultiHeadDotProductAttention_1/query/kernel" in names
-    assert "encoderblock_3/MlpBlock_3/Dense_1/kernel" in names
 
 
 def test_transformer_block_matches_numpy_reference():
@@ -180,7 +134,8 @@ def test_transformer_block_matches_numpy_reference():
     x = np.random.default_rng(2).normal(size=(2, 7, 24)).astype("float32")
     layer(x)
     randomize(layer, seed=3)
-    expected, expected_scores = np_encoder_block(x.astype("float64"), weights_by_path(layer))
+    expected, expected_scores = encoder_block(released_names(layer), "Transformer/encoderblock_0",
+                                              x.astype("float64"))
     np.testing.assert_allclose(np.asarray(layer(x)), expected, atol=1e-5)
     out, scores = layer(x, return_attention_scores=True)
     np.testing.assert_allclose(np.asarray(out), expected, atol=1e-5)
@@ -195,7 +150,7 @@ def test_transformer_block_uses_tanh_gelu_and_epsilon_1e6():
     x = np.random.default_rng(0).normal(size=(2, 4)).astype("float32") * 3
     mlp(x)
     w0, b0, w1, b1 = [np.asarray(w, "float64") for w in mlp.weights]
-    np.testing.assert_allclose(np.asarray(mlp(x)), np_gelu_tanh(x @ w0 + b0) @ w1 + b1, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(mlp(x)), gelu_tanh(x @ w0 + b0) @ w1 + b1, atol=1e-5)
 
 
 def test_transformer_block_dropout_only_in_training():
@@ -281,21 +236,16 @@ def test_drop_path_in_training_keeps_or_drops_whole_branches():
     """Training with drop path: each example's output is one of the four keep/drop combinations
     of the two residual branches, kept ones scaled by 1 / (1 - rate), computed in NumPy."""
     rate = 0.5
-    layer = keras_vit.TransformerBlock(num_heads=2, mlp_dim=8, drop_path_rate=rate)
+    layer = keras_vit.TransformerBlock(num_heads=2, mlp_dim=8, drop_path_rate=rate, name="encoderblock_0")
     x = np.random.default_rng(4).normal(size=(64, 3, 4)).astype("float32")
     layer(x)
     randomize(layer, seed=5)
-    w = weights_by_path(layer)
-    attention_weights = {k.split("MultiHeadDotProductAttention_1/")[1]: v for k, v in w.items() if "MultiHead" in k}
+    w = released_names(layer)
     out = np.asarray(layer(x, training=True), "float64")
 
     def block(tokens, keep_attention, keep_mlp):
-        attended, _ = np_attention(np_layer_norm(tokens, w["LayerNorm_0/gamma"], w["LayerNorm_0/beta"]),
-                                   attention_weights)
-        h = tokens + keep_attention * attended / (1 - rate)
-        y = np_layer_norm(h, w["LayerNorm_2/gamma"], w["LayerNorm_2/beta"])
-        mlp = np_gelu_tanh(y @ w["MlpBlock_3/Dense_0/kernel"] + w["MlpBlock_3/Dense_0/bias"])
-        return h + keep_mlp * (mlp @ w["MlpBlock_3/Dense_1/kernel"] + w["MlpBlock_3/Dense_1/bias"]) / (1 - rate)
+        return encoder_block(w, "Transformer/encoderblock_0", tokens, attention_scale=keep_attention / (1 - rate),
+                             mlp_scale=keep_mlp / (1 - rate))[0]
 
     combinations = [(a, m) for a in (0, 1) for m in (0, 1)]
     seen = set()

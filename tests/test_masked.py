@@ -16,7 +16,8 @@ import pytest
 
 import keras_vit
 from keras_vit import masked
-from tests.testing import TINY_HYBRID, TINY_VIT, randomize, run_serialization_test
+from tests.testing import (TINY_HYBRID, TINY_VIT, TRAIN_VIT_OVERRIDES, digits_few_shot_reference, randomize,
+                           ridge_few_shot_accuracy, run_serialization_test)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = (32, 32, 3)
@@ -217,6 +218,7 @@ def test_wraps_a_given_model_and_shares_its_weights():
         masked.masked_patch_model(vit, target="colour")
 
 
+@pytest.mark.slow
 def test_mixed_bfloat16_fit_step():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     model = _tiny_masked(seed=2)
@@ -268,6 +270,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_mirrored_two_cpus_fit_on_images_matches_one_device():
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT], env=env, cwd=REPO, capture_output=True,
@@ -293,9 +296,9 @@ def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(t
     assert (paper.optimizer, paper.weight_decay, paper.lr, paper.warmup_steps, paper.decay) == (
         "adamw", 0.0, 2e-4, 10_000, "cosine")  # Adam: AdamW without weight decay.
     assert (paper.batch_size, paper.corruption_rate, paper.masked_target, paper.target_bits) == (4096, 0.5, "mean", 3)
-    tiny = ["variant=", "patch_size=8", "hidden_dim=16", "mlp_dim=32", "num_heads=2", "num_layers=1",
-            "image_size=16", "batch_size=16", "epochs=1", "steps_per_epoch=2", "total_steps=0", "warmup_steps=1",
-            "dataset=digits", "train_split=train", "eval_split=test", "shuffle_buffer=64", "masked_target=4x4"]
+    tiny = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=1", "steps_per_epoch=2", "total_steps=0",
+            "warmup_steps=1", "dataset=digits", "train_split=train", "eval_split=test", "shuffle_buffer=64",
+            "masked_target=4x4"]
     config = configs.apply_overrides(paper, tiny)
     summary = trainer.train_and_evaluate(config, str(tmp_path / "mpp"), verbose=0)
     assert summary["optimizer_iterations"] == 2 and np.isfinite(summary["loss"]) and "masked_accuracy" in summary
@@ -304,11 +307,26 @@ def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(t
     trained = keras.saving.load_model(summary["model_path"])
     # A supervised fine-tune starts from the encoder weights, copied unchanged; its head is new.
     finetune = configs.apply_overrides(configs.get_config("digits"), [
-        *tiny[:7], "recipe=finetune", f"weights={summary['encoder_weights_path']}"])
+        *TRAIN_VIT_OVERRIDES, "image_size=16", "recipe=finetune", f"weights={summary['encoder_weights_path']}"])
     classifier = trainer.build_model(finetune, 10)
     for layer in masked.encoder_layers(trained):
         for source, loaded in zip(layer.weights, classifier.get_layer(layer.name).weights):
             np.testing.assert_array_equal(np.asarray(source), np.asarray(loaded))
     # Few-shot evaluation reads the pooled features of encoder.keras.
-    results = digits_fewshot.evaluate(keras.saving.load_model(summary["encoder_path"]), shots=(1,), seeds=1)
-    assert 0.0 <= results[1][0] <= 1.0
+    encoder = keras.saving.load_model(summary["encoder_path"])
+    results = digits_fewshot.evaluate(encoder, shots=(1,), seeds=2)
+    np.testing.assert_allclose(results[1], digits_few_shot_reference(encoder, shots=(1,), seeds=2)[1], atol=1e-12)
+
+
+def test_masked_digits_few_shot_matches_ridge_reference():
+    from training import masked_digits
+
+    encoder = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), include_top=False, pooling="token",
+                                          weights=None)
+    results = masked_digits.few_shot(encoder, shots=(1, 5), seeds=2)
+    (train_x, train_y), (test_x, test_y) = masked_digits._split("train"), masked_digits._split("test")
+    assert (len(train_y), len(test_y)) == (1437, 360)
+    train_features, test_features = (encoder.predict(x, verbose=0) for x in (train_x, test_x))
+    for k in (1, 5):
+        expected = [ridge_few_shot_accuracy(train_features, train_y, test_features, test_y, k, seed) for seed in (0, 1)]
+        np.testing.assert_allclose(results[k], expected, atol=1e-12)

@@ -10,8 +10,7 @@ import pytest
 
 import keras_vit
 from keras_vit import variants
-from tests.test_layers import np_encoder_block, np_layer_norm, np_softmax
-from tests.testing import TINY_HYBRID, TINY_VIT, randomize
+from tests.testing import TINY_HYBRID, TINY_VIT, randomize, released_names, softmax, vit_logits
 
 # Exact counts at 224 px with a 1000-class head, from vit_jax/models_test.py.
 PARAM_COUNTS = {
@@ -47,6 +46,7 @@ def test_all_variants_counted():
     assert {builder.variant for builder in keras_vit.BUILDERS.values()} == set(variants.VARIANTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PARAM_COUNTS))
 def test_variant_parameter_count_and_shapes(name):
     builder = keras_vit.BUILDERS[name]
@@ -67,30 +67,11 @@ def test_builder_signature_is_keras_applications_style():
     assert "ViT-B/16" in keras_vit.ViTB16.__doc__ and "R50+ViT-B/16" in keras_vit.R50ViTB16.__doc__
 
 
-def np_vit_forward(model, x):
-    """Plain-NumPy ViT forward from the model's weights (token classifier, learned posemb)."""
-    w = {v.path: np.asarray(v, "float64") for v in model.weights}
-    x = x.astype("float64") / 127.5 - 1
-    batch, height, width, _ = x.shape
-    p = model.get_layer("embedding").patch_size[0]
-    patches = x.reshape(batch, height // p, p, width // p, p, -1).transpose(0, 1, 3, 2, 4, 5)
-    kernel = w["embedding/kernel"]
-    tokens = patches.reshape(batch, -1, p * p * x.shape[-1]) @ kernel.reshape(-1, kernel.shape[-1])
-    tokens += w["embedding/bias"]
-    tokens = np.concatenate([np.broadcast_to(w["cls/cls"], (batch, 1, tokens.shape[-1])), tokens], axis=1)
-    tokens = tokens + w["posembed_input/pos_embedding"]
-    for i in range(len([l for l in model.layers if l.name.startswith("encoderblock_")])):
-        prefix = f"encoderblock_{i}/"
-        tokens, _ = np_encoder_block(tokens, {k[len(prefix):]: v for k, v in w.items() if k.startswith(prefix)})
-    tokens = np_layer_norm(tokens, w["encoder_norm/gamma"], w["encoder_norm/beta"])
-    features = np.tanh(tokens[:, 0] @ w["pre_logits/kernel"] + w["pre_logits/bias"])
-    return np_softmax(features @ w["head/kernel"] + w["head/bias"])
-
-
 def test_model_matches_numpy_forward_on_rectangular_input():
     model = tiny(input_shape=(24, 40, 3), representation_size=32)
     x = images((2, 24, 40, 3))
-    np.testing.assert_allclose(model.predict(x, verbose=0), np_vit_forward(model, x), atol=1e-5)
+    expected = softmax(vit_logits(released_names(model), x, posemb_grid=(3, 5)))
+    np.testing.assert_allclose(model.predict(x, verbose=0), expected, atol=1e-5)
 
 
 def test_preprocessing_maps_pixels_to_minus_one_one():
@@ -152,6 +133,7 @@ def test_drop_path_rate_rises_linearly():
     np.testing.assert_allclose(rates, [0.0, 0.1, 0.2])
 
 
+@pytest.mark.slow
 def test_tiny_model_trains():
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=2)
     x = images((32, 16, 16, 3))

@@ -5,10 +5,13 @@ a download)."""
 import pathlib
 import re
 
+import pytest
+
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 BLOCK = re.compile(r"(<!-- not tested[^>]*-->\s*)?```python\n(.*?)```", re.S)
 
 
+@pytest.mark.slow
 def test_readme_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     blocks = [code for skip, code in BLOCK.findall(README.read_text()) if not skip]

@@ -269,6 +269,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_oversized_images_do_not_raise_peak_memory(export_dir, valid, bad, tmp_path):
     """Peak RSS of a TF1-loaded server: valid requests only, plus 4x4 concurrent oversized images
     (20000x20000 PNG, forged JPEG/GIF/BMP headers), plus 4 concurrent valid 6000x6000 PNGs (which
