@@ -17,7 +17,8 @@ from ai_edge_litert.interpreter import Interpreter
 
 import keras
 import keras_vit
-from export import data, export_all, model_io, saved_model, serving, tflite
+from keras_vit.cli import export as export_cli
+from keras_vit.export import data, export_all, model_io, saved_model, serving, tflite
 from tests.testing import TINY_HYBRID, TINY_VIT, graph_op_types, randomize
 
 SIZE = (32, 32)
@@ -158,9 +159,34 @@ def test_corrupt_bytes_then_good_request_in_tf2_loaded_model(exported, images):
     assert good["probabilities"].shape == (2, 10)
 
 
+def read_warmup_requests(saved_model_dir) -> list:
+    """The PredictRequests of a SavedModel's warmup file, parsed with TF Serving's own protos."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = os.path.join(saved_model_dir, saved_model.WARMUP_FILE)
+    return [prediction_log_pb2.PredictionLog.FromString(record.numpy()).predict_log.request
+            for record in tf.data.TFRecordDataset(path)]
+
+
+def test_prediction_log_is_the_bytes_tf_serving_protos_write():
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    for signature, key, value in saved_model.warmup_requests((40, 24), "vit"):
+        request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name="vit", signature_name=signature))
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+        expected = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+        assert saved_model.prediction_log("vit", signature, key, value) == expected.SerializeToString()
+    long_name = "m" * 300  # A length over 127 takes a two-byte varint.
+    request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=long_name, signature_name="s"))
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.zeros((1, 70, 3), np.float32)))
+    expected = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+    assert saved_model.prediction_log(long_name, "s", "x", np.zeros((1, 70, 3), np.float32)) == \
+        expected.SerializeToString()
+
+
 def test_warmup_requests_replay(exported):
     _, path = exported
-    requests = saved_model.read_warmup_requests(path)
+    requests = read_warmup_requests(path)
     assert sorted(r.model_spec.signature_name for r in requests) == ["serving_bytes", "serving_bytes",
                                                                      "serving_default"]
     server = TF1Server(path)
@@ -191,14 +217,14 @@ def test_cli_versions_never_overwrite_unless_asked(tmp_path):
     model_file = tmp_path / "tiny.keras"
     tiny_model("plain").save(model_file)
     base = tmp_path / "serving"
-    assert saved_model.main(["--model", str(model_file), "--out", str(base)]) == 0
+    assert export_cli.main(["--model", str(model_file), "--out", str(base)]) == 0
     assert sorted(p.name for p in base.iterdir()) == ["1"]
     marker = base / "1" / "marker"
     marker.write_text("old")
     with pytest.raises(FileExistsError, match="already exists"):
-        saved_model.main(["--model", str(model_file), "--out", str(base), "--version", "1"])
+        export_cli.main(["--model", str(model_file), "--out", str(base), "--version", "1"])
     assert marker.exists()
-    saved_model.main(["--model", str(model_file), "--out", str(base), "--version", "1", "--overwrite"])
+    export_cli.main(["--model", str(model_file), "--out", str(base), "--version", "1", "--overwrite"])
     assert sorted(p.name for p in base.iterdir()) == ["1"] and not marker.exists()
     assert saved_model.next_version(base) == 2
 
@@ -275,7 +301,7 @@ def test_tflite_trained_model_meets_every_threshold(tmp_path):
 def test_export_all_hybrid_builtin_only_and_float_thresholds(tmp_path):
     report = export_all(tiny_model("hybrid"), tmp_path, dataset="photos")
     assert report["saved_model"] == str(tmp_path / "saved_model" / "1")
-    assert saved_model.read_warmup_requests(report["saved_model"])
+    assert len(read_warmup_requests(report["saved_model"])) == 3
     assert report["tflite_markdown"] == (tmp_path / "tflite" / "report.md").read_text()
     results = check_tflite_report(report["tflite"], tmp_path / "tflite")
     assert 0.0 <= results["int8"]["top1_agreement"] <= 1.0  # Random weights: reported, not judged.

@@ -14,8 +14,9 @@ from PIL import Image
 import keras_vit
 from keras_vit import fewshot
 from keras_vit import inspect as vit_inspect
+from keras_vit.cli import fewshot as fewshot_cli
+from keras_vit.cli import inspect as inspect_cli
 from tests.testing import TINY_VIT, digits_few_shot_reference
-from training import fewshot as fewshot_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -220,15 +221,18 @@ def test_feature_extractor_takes_pre_logits_else_pool():
         fewshot.feature_extractor(tiny_model(include_top=False))
 
 
-def test_fewshot_command_line(saved_model, capsys):
-    results = fewshot_cli.main(["--model", saved_model, "--shots", "1", "5", "--seeds", "2"])
+def test_digits_few_shot_and_its_command_line(saved_model, capsys):
     model = keras.saving.load_model(saved_model)
+    results = fewshot.digits_accuracy(model, shots=(1, 5), seeds=2)
     pooled = keras.Model(model.inputs, model.get_layer("pool").output)  # No pre_logits: the pooled token.
     expected = digits_few_shot_reference(pooled, shots=(1, 5), seeds=2)
     assert sorted(results) == [1, 5]
     for k in (1, 5):
         np.testing.assert_allclose(results[k], expected[k], atol=1e-12)
-    assert "5-shot digits accuracy" in capsys.readouterr().out
+    assert fewshot_cli.main(["--model", saved_model, "--shots", "1", "5", "--seeds", "2"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"{k:>3}-shot digits accuracy: {expected[k][0]:.4f} +- {expected[k][1]:.4f} (2 draws)"
+                       for k in (1, 5)]
 
 
 # === Inspection command line ===
@@ -236,24 +240,28 @@ def test_fewshot_command_line(saved_model, capsys):
 def test_command_line_writes_four_pngs(saved_model, tmp_path):
     image = str(tmp_path / "input.png")
     Image.fromarray(random_images((40, 30, 3), count=1)[0].astype("uint8")).save(image)
-    paths = vit_inspect.main(["--model", saved_model, "--image", image, image, "--out", str(tmp_path / "out")])
-    assert [os.path.basename(path) for path in paths] == list(vit_inspect.FIGURES)
+    assert inspect_cli.main(["--model", saved_model, "--image", image, image, "--out", str(tmp_path / "out")]) == 0
+    paths = [str(tmp_path / "out" / name) for name in vit_inspect.FIGURES]
     for path in paths:
         with open(path, "rb") as file:
             assert file.read(8) == b"\x89PNG\r\n\x1a\n"
         assert os.path.getsize(path) > 1000
 
 
-def test_command_line_needs_one_model_source(tmp_path):
+def test_command_line_needs_one_model_source(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        vit_inspect.main(["--image", "x.png", "--out", str(tmp_path)])
+        inspect_cli.main(["--image", "x.png", "--out", str(tmp_path)])
+    assert "one of the arguments --model --variant is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        inspect_cli.main(["--model", "m.keras", "--weights", "w.npz", "--image", "x.png", "--out", str(tmp_path)])
+    assert "--weights needs --variant" in capsys.readouterr().err
     with pytest.raises(ValueError, match="exactly one"):
-        vit_inspect.model_from_args(None, None, None, (32, 32))
+        keras_vit.models.load_or_build(None)
 
 
 @pytest.mark.slow
 def test_help():
-    result = subprocess.run([sys.executable, "-m", "keras_vit.inspect", "--help"], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "keras_vit.cli.inspect", "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "--variant" in result.stdout and "attention_rollout.png" in result.stdout

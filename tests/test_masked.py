@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import masked
+from keras_vit import fewshot, masked
 from tests.testing import (TINY_HYBRID, TINY_VIT, TRAIN_VIT_OVERRIDES, digits_few_shot_reference, randomize,
                            ridge_few_shot_accuracy, run_serialization_test)
 
@@ -289,8 +289,7 @@ def test_mirrored_two_cpus_fit_on_images_matches_one_device():
 
 
 def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(tmp_path):
-    from training import configs, trainer
-    from training import fewshot as digits_fewshot
+    from keras_vit.training import configs, trainer
 
     paper = configs.get_config("masked_patches")
     assert (paper.optimizer, paper.weight_decay, paper.lr, paper.warmup_steps, paper.decay) == (
@@ -314,12 +313,12 @@ def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(t
             np.testing.assert_array_equal(np.asarray(source), np.asarray(loaded))
     # Few-shot evaluation reads the pooled features of encoder.keras.
     encoder = keras.saving.load_model(summary["encoder_path"])
-    results = digits_fewshot.evaluate(encoder, shots=(1,), seeds=2)
+    results = fewshot.digits_accuracy(encoder, shots=(1,), seeds=2)
     np.testing.assert_allclose(results[1], digits_few_shot_reference(encoder, shots=(1,), seeds=2)[1], atol=1e-12)
 
 
 def test_masked_digits_few_shot_matches_ridge_reference():
-    from training import masked_digits
+    from keras_vit.training import masked_digits
 
     encoder = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), include_top=False, pooling="token",
                                           weights=None)

@@ -24,8 +24,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from export import saved_model, serving
 from keras_vit import image_io
+from keras_vit.cli import export as export_cli
+from keras_vit.export import saved_model, serving
 from tests import images as odd
 from tests.test_export import TF1Server, tiny_model
 
@@ -98,7 +99,7 @@ def test_bad_images_fail_with_clear_invalid_argument(bad):
 
 
 def test_calibration_folder_decodes_like_serving(valid, bad, tmp_path):
-    from export import data
+    from keras_vit.export import data
 
     for name in ("jpeg_cmyk", "png_rgba", "png_gray", "gif", "bmp"):
         (tmp_path / f"{name}.{name.split('_')[0]}").write_bytes(valid[name])
@@ -117,8 +118,8 @@ def test_calibration_folder_decodes_like_serving(valid, bad, tmp_path):
 def test_limits_are_set_by_cli_recorded_and_enforced_on_both_signatures(tmp_path, valid):
     model_file = tmp_path / "tiny.keras"
     tiny_model("plain").save(model_file)
-    assert saved_model.main(["--model", str(model_file), "--out", str(tmp_path / "serving"),
-                             "--max-pixels", "2048", "--max-batch", "4"]) == 0
+    assert export_cli.main(["--model", str(model_file), "--out", str(tmp_path / "serving"),
+                            "--max-pixels", "2048", "--max-batch", "4"]) == 0
     path = tmp_path / "serving" / "1"
     metadata = saved_model.read_metadata(path)
     assert (metadata["max_pixels"], metadata["max_batch"], metadata["image_size"]) == (2048, 4, [32, 32])

@@ -13,7 +13,8 @@ import tensorflow as tf
 
 import keras
 import keras_vit
-from keras_vit import convert, kernels, torch_checkpoints
+from keras_vit import kernels, torch_checkpoints
+from keras_vit.cli import convert
 from keras_vit import layers as vit_layers
 from tests.testing import TINY_VIT
 

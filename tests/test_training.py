@@ -23,8 +23,8 @@ import tensorflow as tf
 
 import keras_vit
 from tests.testing import TRAIN_VIT, TRAIN_VIT_OVERRIDES, save_checkpoint, vit_checkpoint
-from training import configs, data, trainer
-from training.configs import Config
+from keras_vit.training import configs, data, trainer
+from keras_vit.training.configs import Config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=2", "steps_per_epoch=3", "warmup_steps=2",
@@ -40,7 +40,7 @@ def _env() -> dict[str, str]:
 
 
 def _cli(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
-    return [sys.executable, "-m", "training.train", "--config=digits", f"--workdir={workdir}", "--verbose=0",
+    return [sys.executable, "-m", "keras_vit.cli.train", "--config=digits", f"--workdir={workdir}", "--verbose=0",
             *extra, *[f"--override={item}" for item in [*TINY, *overrides]]]
 
 
@@ -349,7 +349,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import numpy as np, keras
-    from training import configs, distribute, trainer
+    from keras_vit.training import configs, distribute, trainer
     config = configs.apply_overrides(configs.get_config("digits"), sys.argv[2:])
     mirrored = distribute.get_strategy("mirrored")
     assert mirrored.num_replicas_in_sync == 2, mirrored.num_replicas_in_sync
@@ -423,7 +423,7 @@ def test_multiworker_two_processes_end_with_identical_weights(tmp_path):
 
 KILLABLE_WORKER = textwrap.dedent("""
     import os, signal, sys, keras
-    from training import configs, distribute, trainer
+    from keras_vit.training import configs, distribute, trainer
     workdir, kill_at, *overrides = sys.argv[1:]
     marker = os.path.join(workdir, f"killed_worker_{distribute.worker_index()}")
 
@@ -535,7 +535,7 @@ def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
 
 @pytest.mark.slow
 def test_cli_help_explains_every_flag():
-    result = subprocess.run([sys.executable, "-m", "training.train", "--help"], env=_env(), capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--help"], env=_env(), capture_output=True,
                             text=True, timeout=60)
     assert result.returncode in (0, 1), result.stderr  # absl exits with 1 after printing --help.
     for flag in ("--config", "--override", "--workdir", "--strategy", "--tpu", "--verbose", "--[no]print_config"):
@@ -544,7 +544,7 @@ def test_cli_help_explains_every_flag():
 
 
 def test_cli_print_config_applies_overrides(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "training.train", "--config=finetune", f"--workdir={tmp_path}",
+    result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--config=finetune", f"--workdir={tmp_path}",
                              "--override=lr=0.01", "--print_config"], env=_env(), capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
@@ -559,7 +559,7 @@ def test_cli_print_config_applies_overrides(tmp_path):
     ({"cluster": {"chief": ["c:1"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}, 1),
 ])
 def test_worker_index_is_unique_per_process(monkeypatch, tf_config, expected):
-    from training import distribute
+    from keras_vit.training import distribute
 
     if tf_config is None:
         monkeypatch.delenv("TF_CONFIG", raising=False)

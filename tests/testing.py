@@ -1,6 +1,7 @@
 """Shared test fixtures: tiny model configs, NumPy references written from the paper's
-equations (REFERENCE.md section 2), a writer of checkpoints in the released `.npz` layout
-(REFERENCE.md section 3), layer checks and serialization round trips."""
+equations (arXiv:2010.11929, Sec. 3.1, and vit_jax's models_vit.py), a writer of checkpoints in the
+released `.npz` layout (google-research/vision_transformer's files), layer checks and serialization
+round trips."""
 
 from __future__ import annotations
 
@@ -236,10 +237,12 @@ def ridge_few_shot_accuracy(train_features, train_labels, test_features, test_la
 def digits_few_shot_reference(features_model: keras.Model, shots, seeds: int,
                               l2_reg: float = 1.0) -> dict[int, tuple[float, float]]:
     """`ridge_few_shot_accuracy` of the outputs of `features_model` on the digits split of
-    `training.fewshot`, for each k: `{k: (mean, std over seeds)}`."""
-    from training.fewshot import load_digits_split
+    `keras_vit.fewshot.digits_accuracy` (half of each class each), for each k: `{k: (mean, std over seeds)}`."""
+    from keras_vit import datasets
 
-    train_x, train_y, test_x, test_y = load_digits_split(features_model.inputs[0].shape[1:])
+    height, width, channels = features_model.inputs[0].shape[1:]
+    (train_x, train_y), (test_x, test_y) = (datasets.digits(split, test_fraction=0.5) for split in ("train", "test"))
+    train_x, test_x = (datasets.resize(x, (height, width), channels) for x in (train_x, test_x))
     train_features = features_model.predict(train_x, batch_size=64, verbose=0)
     test_features = features_model.predict(test_x, batch_size=64, verbose=0)
     results = {}
