@@ -23,12 +23,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # resized rectangular input, and both PyTorch-world layouts (exact GELU, their LayerNorm epsilon;
 # no preprocessing layer, so [-1, 1] images).
 CASES = [
-    ("vit", "vit.npz", dict(TINY_VIT, input_shape=(32, 32, 3), classifier_activation=None), "square"),
-    ("vit_resized", "vit.npz", dict(TINY_VIT, input_shape=(40, 56, 3), classifier_activation=None), "rectangle"),
-    ("hybrid", "hybrid.npz", dict(TINY_HYBRID, input_shape=(32, 32, 3), classifier_activation=None), "square"),
-    ("timm", "timm.safetensors", dict(TINY_VIT, input_shape=(32, 32, 3), classifier_activation=None,
+    ("vit", "vit.npz", dict(TINY_VIT, input_shape=(32, 32, 3), classifier_activation=None, classes=10), "square"),
+    ("vit_resized", "vit.npz", dict(TINY_VIT, input_shape=(40, 56, 3), classifier_activation=None, classes=10), "rectangle"),
+    ("hybrid", "hybrid.npz", dict(TINY_HYBRID, input_shape=(32, 32, 3), classifier_activation=None, classes=10), "square"),
+    ("timm", "timm.safetensors", dict(TINY_VIT, input_shape=(32, 32, 3), classifier_activation=None, classes=10,
                                       include_preprocessing=False), "square_unit"),
-    ("hugging_face", "hf.safetensors", dict(TINY_VIT, input_shape=(40, 56, 3), classifier_activation=None,
+    ("hugging_face", "hf.safetensors", dict(TINY_VIT, input_shape=(40, 56, 3), classifier_activation=None, classes=10,
                                             include_preprocessing=False), "rectangle_unit"),
 ]
 TRAIN = dict(TINY_VIT, input_shape=(32, 32, 3), classes=4)

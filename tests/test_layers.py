@@ -8,7 +8,7 @@ import pytest
 import keras_vit
 from keras_vit import layers as vit_layers
 from tests.testing import (encoder_block, gelu_tanh, randomize, released_names, run_layer_test,
-                           run_serialization_test)
+                           run_serialization_test, to_numpy)
 
 # --- Patches and patch embedding ---
 
@@ -18,14 +18,14 @@ def test_patches_layer():
     out = run_layer_test(layer, (2, 8, 12, 3), (2, 6, 48), train=False)
     x = np.random.default_rng(0).normal(size=(2, 8, 12, 3)).astype("float32")
     # Patch (row 1, column 2) is rows 4:8, columns 8:12, flattened (row, column, channel).
-    np.testing.assert_array_equal(np.asarray(layer(x))[:, 1 * 3 + 2], x[:, 4:8, 8:12].reshape(2, -1))
+    np.testing.assert_array_equal(to_numpy(layer(x))[:, 1 * 3 + 2], x[:, 4:8, 8:12].reshape(2, -1))
     assert out.shape == (2, 6, 48)
 
 
 def test_patches_rectangular_patch():
     layer = keras_vit.Patches((2, 4))
     x = np.arange(2 * 4 * 8 * 1, dtype="float32").reshape(2, 4, 8, 1)
-    out = np.asarray(layer(x))
+    out = to_numpy(layer(x))
     assert out.shape == (2, 4, 8)
     np.testing.assert_array_equal(out[0, 3], x[0, 2:4, 4:8].reshape(-1))
 
@@ -37,11 +37,11 @@ def test_patch_encoder_equals_strided_convolution():
     x = np.random.default_rng(0).normal(size=(2, 8, 12, 3)).astype("float32")
     conv.build(x.shape)
     conv.set_weights(layer.get_weights())  # Same (4, 4, 3, 16) kernel layout as the checkpoints.
-    np.testing.assert_allclose(np.asarray(layer(x)), np.asarray(conv(x)).reshape(2, 6, 16), atol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer(x)), to_numpy(conv(x)).reshape(2, 6, 16), atol=1e-5)
     # And it is the linear map of the flattened patches.
-    patches = np.asarray(keras_vit.Patches(4)(x))
+    patches = to_numpy(keras_vit.Patches(4)(x))
     kernel, bias = layer.get_weights()
-    np.testing.assert_allclose(np.asarray(layer(x)), patches @ kernel.reshape(-1, 16) + bias, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer(x)), patches @ kernel.reshape(-1, 16) + bias, atol=1e-5)
     assert out.shape == (2, 6, 16)
 
 
@@ -65,7 +65,7 @@ def test_class_token():
     np.testing.assert_array_equal(out[:, 0], 0.0)  # Zeros at init, as the original.
     layer.cls.assign(np.arange(8, dtype="float32").reshape(1, 1, 8))
     x = np.ones((3, 5, 8), "float32")
-    out = np.asarray(layer(x))
+    out = to_numpy(layer(x))
     np.testing.assert_array_equal(out[:, 0], np.broadcast_to(np.arange(8), (3, 8)))
     np.testing.assert_array_equal(out[:, 1:], x)
 
@@ -76,8 +76,8 @@ def test_position_embedding_kinds(kind):
     run_layer_test(layer, (2, 7, 8), (2, 7, 8), train=kind in ("learned", "learned_2d"))
     x = np.random.default_rng(1).normal(size=(2, 7, 8)).astype("float32")
     table = layer.embedding()
-    expected = x if table is None else x + np.asarray(table)
-    np.testing.assert_allclose(np.asarray(layer(x)), expected, atol=1e-6)
+    expected = x if table is None else x + to_numpy(table)
+    np.testing.assert_allclose(to_numpy(layer(x)), expected, atol=1e-6)
 
 
 def test_learned_position_embedding_has_class_token_row():
@@ -90,9 +90,9 @@ def test_learned_position_embedding_has_class_token_row():
 def test_learned_2d_position_embedding_is_row_and_column_concatenation():
     layer = keras_vit.PositionEmbedding(grid_size=(2, 3), num_prefix_tokens=1, kind="learned_2d")
     layer.build((None, 7, 8))
-    table = np.asarray(layer.embedding())[0]
-    rows, columns = np.asarray(layer.row_embedding), np.asarray(layer.column_embedding)
-    np.testing.assert_array_equal(table[0], np.asarray(layer.prefix_embedding)[0])
+    table = to_numpy(layer.embedding())[0]
+    rows, columns = to_numpy(layer.row_embedding), to_numpy(layer.column_embedding)
+    np.testing.assert_array_equal(table[0], to_numpy(layer.prefix_embedding)[0])
     np.testing.assert_array_equal(table[1 + 1 * 3 + 2], np.concatenate([rows[1], columns[2]]))
 
 
@@ -105,7 +105,7 @@ def test_sincos_2d_position_embedding_formula():
     np.testing.assert_allclose(table[2 * 4 + 1], expected, rtol=1e-6)
     layer = keras_vit.PositionEmbedding(grid_size=(3, 4), num_prefix_tokens=1, kind="sincos_2d")
     x = np.zeros((1, 13, 16), "float32")
-    out = np.asarray(layer(x))[0]
+    out = to_numpy(layer(x))[0]
     np.testing.assert_array_equal(out[0], 0.0)  # No embedding on the class token.
     np.testing.assert_allclose(out[1:], table, rtol=1e-6)
     assert not layer.weights
@@ -136,10 +136,10 @@ def test_transformer_block_matches_numpy_reference():
     randomize(layer, seed=3)
     expected, expected_scores = encoder_block(released_names(layer), "Transformer/encoderblock_0",
                                               x.astype("float64"))
-    np.testing.assert_allclose(np.asarray(layer(x)), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer(x)), expected, atol=1e-5)
     out, scores = layer(x, return_attention_scores=True)
-    np.testing.assert_allclose(np.asarray(out), expected, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(scores), expected_scores, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(out), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(scores), expected_scores, atol=1e-6)
 
 
 def test_transformer_block_uses_tanh_gelu_and_epsilon_1e6():
@@ -149,15 +149,15 @@ def test_transformer_block_uses_tanh_gelu_and_epsilon_1e6():
     mlp = keras_vit.MlpBlock(mlp_dim=6)
     x = np.random.default_rng(0).normal(size=(2, 4)).astype("float32") * 3
     mlp(x)
-    w0, b0, w1, b1 = [np.asarray(w, "float64") for w in mlp.weights]
-    np.testing.assert_allclose(np.asarray(mlp(x)), gelu_tanh(x @ w0 + b0) @ w1 + b1, atol=1e-5)
+    w0, b0, w1, b1 = [to_numpy(w, "float64") for w in mlp.weights]
+    np.testing.assert_allclose(to_numpy(mlp(x)), gelu_tanh(x @ w0 + b0) @ w1 + b1, atol=1e-5)
 
 
 def test_transformer_block_dropout_only_in_training():
     layer = keras_vit.TransformerBlock(num_heads=2, mlp_dim=16, dropout_rate=0.5, drop_path_rate=0.5)
     x = np.random.default_rng(0).normal(size=(4, 5, 8)).astype("float32")
-    np.testing.assert_array_equal(np.asarray(layer(x)), np.asarray(layer(x, training=False)))
-    assert not np.allclose(np.asarray(layer(x, training=True)), np.asarray(layer(x)))
+    np.testing.assert_array_equal(to_numpy(layer(x)), to_numpy(layer(x, training=False)))
+    assert not np.allclose(to_numpy(layer(x, training=True)), to_numpy(layer(x)))
 
 
 def test_transformer_block_heads_must_divide_width():
@@ -169,8 +169,8 @@ def test_stochastic_depth_drops_whole_examples():
     layer = keras_vit.StochasticDepth(0.5, seed=1)
     run_layer_test(layer, (2, 3, 4), (2, 3, 4), train=False)
     x = np.ones((256, 3, 4), "float32")
-    np.testing.assert_array_equal(np.asarray(layer(x)), x)
-    out = np.asarray(layer(x, training=True))
+    np.testing.assert_array_equal(to_numpy(layer(x)), x)
+    out = to_numpy(layer(x, training=True))
     per_example = out.reshape(256, -1)
     assert set(np.unique(per_example)) <= {0.0, 2.0}
     assert (per_example == per_example[:, :1]).all()  # All or nothing per example.
@@ -197,14 +197,14 @@ def test_std_conv_standardizes_kernel():
     layer = keras_vit.StdConv2D(6, 3, padding="same", use_bias=False)
     run_layer_test(layer, (2, 8, 8, 4), (2, 8, 8, 6))
     x = np.random.default_rng(0).normal(size=(2, 8, 8, 4)).astype("float32")
-    kernel = np.asarray(layer.kernel, "float64") * 5 + 3
+    kernel = to_numpy(layer.kernel, "float64") * 5 + 3
     layer.kernel.assign(kernel.astype("float32"))
     mean = kernel.mean(axis=(0, 1, 2), keepdims=True)
     standardized = (kernel - mean) / (kernel.std(axis=(0, 1, 2), keepdims=True) + 1e-5)
     plain = keras.layers.Conv2D(6, 3, padding="same", use_bias=False)
     plain.build(x.shape)
     plain.set_weights([standardized.astype("float32")])
-    np.testing.assert_allclose(np.asarray(layer(x)), np.asarray(plain(x)), atol=1e-4)
+    np.testing.assert_allclose(to_numpy(layer(x)), to_numpy(plain(x)), atol=1e-4)
 
 
 def test_bottleneck_unit():
@@ -241,7 +241,7 @@ def test_drop_path_in_training_keeps_or_drops_whole_branches():
     layer(x)
     randomize(layer, seed=5)
     w = released_names(layer)
-    out = np.asarray(layer(x, training=True), "float64")
+    out = to_numpy(layer(x, training=True), "float64")
 
     def block(tokens, keep_attention, keep_mlp):
         return encoder_block(w, "Transformer/encoderblock_0", tokens, attention_scale=keep_attention / (1 - rate),

@@ -19,6 +19,12 @@ TRAIN_VIT = dict(patch_size=8, hidden_dim=16, mlp_dim=32, num_heads=2, num_layer
 TRAIN_VIT_OVERRIDES = ["variant=", *(f"{key}={value}" for key, value in TRAIN_VIT.items())]
 
 
+def to_numpy(x, dtype=None) -> np.ndarray:
+    """A tensor or variable of any Keras backend as a NumPy array (of `dtype` if given)."""
+    array = keras.ops.convert_to_numpy(x)
+    return array if dtype is None else array.astype(dtype)
+
+
 def randomize(model_or_layer, seed: int = 0, scale: float = 0.2) -> None:
     """Gives every weight non-trivial random values (zero-initialised heads and tokens too)."""
     rng = np.random.default_rng(seed)
@@ -52,7 +58,7 @@ def run_layer_test(layer: keras.layers.Layer, input_shape: tuple, expected_outpu
     run_serialization_test(layer)
     rng = np.random.default_rng(0)
     x = rng.normal(size=input_shape).astype("float32")
-    eager = np.asarray(layer(x))
+    eager = to_numpy(layer(x))
     assert eager.shape == expected_output_shape, (eager.shape, expected_output_shape)
     assert np.isfinite(eager).all()
     symbolic = layer(keras.Input(batch_shape=(None, *input_shape[1:])))
@@ -62,10 +68,10 @@ def run_layer_test(layer: keras.layers.Layer, input_shape: tuple, expected_outpu
         inputs = keras.Input(shape=input_shape[1:])
         model = keras.Model(inputs, layer(inputs))
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-        before = [np.array(w) for w in layer.trainable_weights]
+        before = [to_numpy(w) for w in layer.trainable_weights]
         target = rng.normal(size=expected_output_shape).astype("float32")
         model.train_on_batch(x, target)
-        assert any(not np.allclose(b, np.array(w)) for b, w in zip(before, layer.trainable_weights)), \
+        assert any(not np.allclose(b, to_numpy(w)) for b, w in zip(before, layer.trainable_weights)), \
             "a training step changed no weight"
     return eager
 
@@ -82,7 +88,7 @@ def released_names(model_or_layer) -> dict[str, np.ndarray]:
         key = key.replace("/attention_output/", "/out/").replace("cls/cls", "cls")
         if key.split("/")[0].startswith(("encoderblock_", "posembed_input", "encoder_norm")):
             key = "Transformer/" + key
-        arrays[key] = np.asarray(weight, dtype="float64")
+        arrays[key] = to_numpy(weight, "float64")
     return arrays
 
 
