@@ -13,8 +13,10 @@ report (`report.json`, `report.md`) gives size, latency, max abs difference and 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -32,7 +34,7 @@ MIN_TOP1_AGREEMENT = {"int8": 0.98}
 
 
 def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[str, Any]:
-    """TFLiteConverter settings (as `model.export(format="litert", **options)` takes them) for `mode`."""
+    """TFLiteConverter settings for `mode`: attributes, and `target_spec` attributes."""
     builtins = {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]}
     if mode == "float32":
         return {"target_spec": builtins}
@@ -60,9 +62,24 @@ def convert(model: keras.Model, path: str | os.PathLike, mode: str,
     """Writes `model` (taking [0, 255] pixels, batch 1) as a `.tflite` file in `mode`."""
     pixel_model = model_io.with_pixel_input(model)
     height, width = model_io.image_size(model)
-    signature = [tf.TensorSpec((1, height, width, 3), tf.float32, name="image")]
-    pixel_model.export(str(path), format="litert", verbose=False, input_signature=signature,
-                       **converter_options(mode, calibration))
+    # Keras' ExportArchive to a SavedModel, then TensorFlow's converter: what `Model.export(format="litert")`
+    # does from Keras 3.12, on every Keras release this package supports.
+    with tempfile.TemporaryDirectory() as saved_model_dir:
+        archive = keras.export.ExportArchive()
+        archive.track(pixel_model)
+        archive.add_endpoint("serve", functools.partial(pixel_model.__call__, training=False),
+                             input_signature=[tf.TensorSpec((1, height, width, 3), tf.float32, name="image")])
+        archive.write_out(saved_model_dir, verbose=False)
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir)
+        converter.experimental_enable_resource_variables = True
+        for option, value in converter_options(mode, calibration).items():
+            if option == "target_spec":
+                for attribute, setting in value.items():
+                    setattr(converter.target_spec, attribute, setting)
+            else:
+                setattr(converter, option, value)
+        flatbuffer = converter.convert()
+    Path(path).write_bytes(flatbuffer)
     return Path(path)
 
 
