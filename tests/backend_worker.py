@@ -3,9 +3,9 @@
     KERAS_BACKEND=jax python -m tests.backend_worker WORKDIR
 
 Reads the checkpoints and images that `tests/test_backends.py` wrote to WORKDIR, writes the
-logits of keras_vit's models (`logits.npz`) and what it checked (`report.json`). Checks: no
-TensorFlow import, `.npz` and `.safetensors` loading (resized too), `.keras` and `.weights.h5` round
-trips of a whole model, and that a few `fit` steps lower the loss.
+logits of keras_vit's models, attention scores and rollout (`logits.npz`) and what it checked
+(`report.json`): whether TensorFlow was imported, `.keras` and `.weights.h5` round trips of a whole
+model, a digits few-shot accuracy, and the losses of a few `fit` steps.
 """
 
 import json
@@ -17,7 +17,10 @@ import numpy as np
 
 def main(workdir: str) -> None:
     import keras
+
     import keras_vit
+    import keras_vit.fewshot
+    import keras_vit.inspect
 
     report = {"backend": keras.backend.backend(), "tensorflow_imported": "tensorflow" in sys.modules}
     spec = json.load(open(os.path.join(workdir, "spec.json")))
@@ -38,6 +41,10 @@ def main(workdir: str) -> None:
             model.save_weights(path)
             revived = keras_vit.VisionTransformer(**spec["cases"][0]["build"], weights=path)
         report[f"{name} max difference"] = float(np.abs(keras.ops.convert_to_numpy(revived(x)) - expected).max())
+    attention = keras_vit.attention_model(model)(x)["attention"]
+    logits["attention"] = np.stack([keras.ops.convert_to_numpy(scores) for scores in attention])
+    logits["rollout"] = keras_vit.inspect.attention_rollout(model, x)
+    report["fewshot"] = keras_vit.fewshot.digits_accuracy(model, shots=(2,), seeds=1)[2][0]
     keras.utils.set_random_seed(0)
     trainee = keras_vit.VisionTransformer(**spec["train"], weights=None)
     trainee.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")

@@ -1,7 +1,7 @@
 """keras_vit on the JAX and PyTorch Keras backends (each in its own process, as Keras fixes its
 backend at import): the same logits as on TensorFlow for original-layout and timm / Hugging Face
-checkpoints, the layer and config round trips of `tests/test_layers.py`, and `fit` steps that
-lower the loss. PyTorch is tested where it is installed (`.ci/run` installs its CPU wheel)."""
+checkpoints, the same attention scores, rollout and digits few-shot accuracy, the layer and config
+round trips of `tests/test_layers.py`, and `fit` steps that lower the loss. PyTorch is tested where it is installed (`.ci/run` installs its CPU wheel)."""
 
 import importlib.util
 import json
@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 import keras_vit
+import keras_vit.fewshot
+from keras_vit import inspect as vit_inspect
 from tests.test_torch_checkpoints import hf_state_dict, save, timm_state_dict
 from tests.testing import TINY_HYBRID, TINY_VIT, save_checkpoint, vit_checkpoint
 
@@ -60,7 +62,13 @@ def workdir(tmp_path_factory):
         model = keras_vit.VisionTransformer(**build, weights=str(path / file))
         tensorflow_logits[name] = np.asarray(model(images[image_key], training=False))
         assert np.ptp(tensorflow_logits[name]) > 0.5, f"{name}: degenerate logits"
-    return path, tensorflow_logits
+    name, file, build, image_key = CASES[0]
+    model = keras_vit.VisionTransformer(**build, weights=str(path / file))
+    tensorflow_logits["attention"] = np.stack(
+        [np.asarray(scores) for scores in keras_vit.attention_model(model)(images[image_key])["attention"]])
+    tensorflow_logits["rollout"] = vit_inspect.attention_rollout(model, images[image_key])
+    fewshot = keras_vit.fewshot.digits_accuracy(model, shots=(2,), seeds=1)[2][0]
+    return path, tensorflow_logits, fewshot
 
 
 @pytest.mark.slow
@@ -68,7 +76,7 @@ def workdir(tmp_path_factory):
 def test_backend_matches_tensorflow_and_trains(workdir, backend):
     if not _backend_available(backend):
         pytest.skip(f"{backend} is not installed (pip install {backend})")
-    path, tensorflow_logits = workdir
+    path, tensorflow_logits, tensorflow_fewshot = workdir
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run([sys.executable, "-m", "tests.backend_worker", str(path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -80,6 +88,8 @@ def test_backend_matches_tensorflow_and_trains(workdir, backend):
     for name, expected in tensorflow_logits.items():
         np.testing.assert_allclose(logits[name], expected, atol=1e-5, rtol=0, err_msg=f"{backend}: {name}")
     assert report["model.keras max difference"] <= 1e-6 and report["model.weights.h5 max difference"] <= 1e-6
+    # The same features up to float32 rounding: at most a near-tie among the 899 test digits may flip.
+    assert abs(report["fewshot"] - tensorflow_fewshot) <= 2 / 899, (report["fewshot"], tensorflow_fewshot)
     losses = report["losses"]
     assert losses[-1] < losses[0] - 0.2, losses
 
