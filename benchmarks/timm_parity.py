@@ -7,7 +7,8 @@ random non-zero biases, norms, tokens and head so every term counts), the state 
 `safetensors.torch.save_file`, loaded with the keras_vit builder of the same size (`weights=`
 that file, `include_preprocessing=False`), and the max |logit difference| printed: Keras model
 vs timm on the same [-1, 1] images (NHWC for Keras, NCHW for torch), then the SavedModel that
-`export/saved_model.py` writes (its `serving_default` takes [0, 255] pixels) vs timm.
+`export/saved_model.py` writes (its `serving_default` takes [0, 255] pixels) and the float32 TFLite
+file of `export/tflite.py`, run with the LiteRT interpreter, vs timm.
 Not part of the test suite.
 """
 
@@ -47,7 +48,9 @@ def compare(name: str, out_dir: str, batch: int = 2) -> dict[str, float]:
     from safetensors.torch import save_file
 
     import keras_vit
-    from keras_vit.export import saved_model
+    from ai_edge_litert.interpreter import Interpreter
+
+    from keras_vit.export import saved_model, tflite
 
     model = timm_model(name)
     path = os.path.join(out_dir, f"{name}.safetensors")
@@ -58,11 +61,22 @@ def compare(name: str, out_dir: str, batch: int = 2) -> dict[str, float]:
     keras_model = getattr(keras_vit, BUILDERS[name])(weights=path, include_preprocessing=False,
                                                      classifier_activation=None)
     logits = np.asarray(keras_model(images))
+    pixels = (images + 1.0) * 127.5  # The exports take [0, 255] pixels.
     export_dir = saved_model.export_saved_model(keras_model, os.path.join(out_dir, name))
     serve = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
-    served = serve(images=tf.constant((images + 1.0) * 127.5))["logits"].numpy()
+    served = serve(images=tf.constant(pixels))["logits"].numpy()
+    interpreter = Interpreter(model_path=str(tflite.convert(keras_model, os.path.join(out_dir, f"{name}.tflite"),
+                                                            "float32")))
+    interpreter.allocate_tensors()
+    (given,), (output,) = interpreter.get_input_details(), interpreter.get_output_details()
+    lite = []
+    for image in pixels:
+        interpreter.set_tensor(given["index"], image[np.newaxis])
+        interpreter.invoke()
+        lite.append(interpreter.get_tensor(output["index"])[0])
     return {"logit range": float(np.abs(expected).max()), "keras vs timm": float(np.abs(logits - expected).max()),
-            "SavedModel vs timm": float(np.abs(served - expected).max())}
+            "SavedModel vs timm": float(np.abs(served - expected).max()),
+            "float32 TFLite vs timm": float(np.abs(np.stack(lite) - expected).max())}
 
 
 def main() -> None:
