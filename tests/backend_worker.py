@@ -50,6 +50,12 @@ def main(workdir: str) -> None:
     trainee.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
     labels = np.arange(len(x)) % spec["train"]["classes"]
     report["losses"] = trainee.fit(x, labels, epochs=spec["epochs"], batch_size=len(x), verbose=0).history["loss"]
+    for package in ("keras_vit.training", "keras_vit.export"):
+        try:
+            __import__(package)
+            report[package] = "imported"
+        except ImportError as error:
+            report[package] = str(error)
     np.savez(os.path.join(workdir, "logits.npz"), **logits)
     with open(os.path.join(workdir, "report.json"), "w") as f:
         json.dump(report, f)

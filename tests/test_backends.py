@@ -90,6 +90,9 @@ def test_backend_matches_tensorflow_and_trains(workdir, backend):
     assert report["model.keras max difference"] <= 1e-6 and report["model.weights.h5 max difference"] <= 1e-6
     # The same features up to float32 rounding: at most a near-tie among the 899 test digits may flip.
     assert abs(report["fewshot"] - tensorflow_fewshot) <= 2 / 899, (report["fewshot"], tensorflow_fewshot)
+    for package in ("keras_vit.training", "keras_vit.export"):  # TensorFlow-only: a clear error, not a crash later
+        assert report[package].startswith(f"{package} runs on TensorFlow") and "KERAS_BACKEND=tensorflow" in \
+            report[package], report[package]
     losses = report["losses"]
     assert losses[-1] < losses[0] - 0.2, losses
 

@@ -29,6 +29,23 @@ def test_import_leaves_logging_and_environment_as_they_were():
     assert states["after"] == states["before"]
 
 
+def test_library_modules_import_without_plotting_image_or_dataset_packages():
+    """matplotlib, Pillow and scikit-learn are needed only to draw, read image files or load the digits."""
+    script = ("import sys\n"
+              "for name in ('matplotlib', 'PIL', 'sklearn'):\n"
+              "    sys.modules[name] = None  # any import of them raises ImportError\n"
+              "import keras_vit, keras_vit.inspect, keras_vit.fewshot, keras_vit.convert, keras_vit.datasets\n"
+              "import keras_vit.torch_checkpoints, keras_vit.weights\n"
+              "try:\n"
+              "    keras_vit.datasets.digits()\n"
+              "except ImportError as error:\n"
+              "    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": ":".join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "The digits ship with scikit-learn: `pip install scikit-learn`."
+
+
 # ---------------------------------------------------------------------------------------
 # Names that are easy to confuse: the error says which one to use
 # ---------------------------------------------------------------------------------------
