@@ -16,6 +16,7 @@ import pytest
 import scipy.ndimage
 
 import keras_vit
+import keras_vit.convert
 from keras_vit.cli import convert
 from keras_vit import weights as weights_lib
 from tests.testing import TINY_HYBRID, TINY_VIT, big_vision_names, save_checkpoint, vit_checkpoint, vit_logits
@@ -362,6 +363,20 @@ def test_converter_with_registered_variant(tmp_path, capsys):
     np.testing.assert_allclose(logits(keras_vit.ViTTi16(weights=out, input_shape=(48, 48, 3),
                                                          classifier_activation=None), x),
                                vit_logits(arrays, x), atol=1e-4, rtol=0)
+
+
+def test_converter_of_a_headless_checkpoint_writes_a_backbone(vit_file, tmp_path):
+    arrays = {key: value for key, value in vit_file[1].items() if not key.startswith("head/")}
+    path = save_checkpoint(tmp_path / "headless.npz", arrays)
+    out = str(tmp_path / "backbone.weights.h5")
+    model, difference = keras_vit.convert.convert_npz(path, out)
+    assert difference == 0 and model.output.shape == (None, TINY_VIT["hidden_dim"])
+    backbone = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), include_top=False, pooling="token",
+                                           weights=out)
+    x = images(32, 32)
+    np.testing.assert_array_equal(np.asarray(backbone(x)), np.asarray(model(x)))
+    with pytest.raises(ValueError, match="has no classification head"):
+        build(path)
 
 
 def test_converter_rejects_wrong_variant(vit_file, tmp_path):
