@@ -280,7 +280,7 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
 
 def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, *, variant: str | None = None,
                   weights: str | None = None, input_shape: Sequence[int] | None = None,
-                  classes: int = 1000) -> keras.Model:
+                  classes: int | None = None) -> keras.Model:
     """The model a tool was pointed at: a `keras.Model`, a `.keras` file, or a variant to build.
 
     Args:
@@ -288,7 +288,8 @@ def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, 
         variant: a variant name ("B/16", "R50+B/16", ...) to build with `weights`.
         weights: the variant's weights: `None` (random), a path or a registered name.
         input_shape: the variant's input shape. Defaults to `(224, 224, 3)`.
-        classes: the variant's number of classes. Defaults to `1000`.
+        classes: the variant's number of classes. Defaults to the head of `weights` where it
+            has one, else `1000`.
     """
     if (model_or_path is None) == (variant is None):
         raise ValueError("Give exactly one of a model (or `.keras` path) or a `variant`. "
@@ -300,6 +301,10 @@ def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, 
         if not path.endswith(".keras") or not os.path.isfile(path):
             raise ValueError(f"Expected an existing `.keras` model file. Received: {path!r}")
         return keras.saving.load_model(path)
+    if classes is None:
+        size = tuple(input_shape or (224, 224, 3))[:2]
+        source = weights_lib.resolve(weights, variant=variant, image_size=size, include_top=False, classes=1)
+        classes = source.head_classes if source is not None and source.head_classes else 1000
     return VisionTransformer(variant, weights=weights, input_shape=input_shape, classes=classes)
 
 

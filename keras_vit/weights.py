@@ -170,12 +170,15 @@ class WeightsSource:
             going to be loaded (`include_top=True` and the same `classes`), else None.
         numerics: model options the checkpoint's model fixes (`layer_norm_epsilon`,
             `gelu_approximate`): set for timm / Hugging Face files, empty otherwise.
+        head_classes: int or None. Width of the checkpoint's head; None when it has none or
+            when the file does not say (`.weights.h5`).
     """
 
     location: str
     checkpoint: Checkpoint | None = None
     representation_size: int | None = None
     numerics: dict = dataclasses.field(default_factory=dict)
+    head_classes: int | None = None
 
 
 def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, int], include_top: bool,
@@ -223,7 +226,8 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
     entry = _pick(candidates, image_size, tags)
     if include_top:
         _check_head(weights, entry.classes, classes)
-    return WeightsSource(entry.url, entry, entry.representation_size if include_top else None)
+    return WeightsSource(entry.url, entry, entry.representation_size if include_top else None,
+                         head_classes=entry.classes)
 
 
 def _check_not_a_model_file(path: str) -> None:
@@ -248,13 +252,14 @@ def _resolve_file(path: str, *, include_top: bool, classes: int) -> WeightsSourc
         if include_top:
             _check_head(path, head, classes)
         return WeightsSource(path, representation_size=representation if include_top else None,
-                             numerics=dict(torch_checkpoints.NUMERICS[layout]))
+                             numerics=dict(torch_checkpoints.NUMERICS[layout]), head_classes=head)
     arrays = read_npz(path, keys=("head/bias", "pre_logits/bias"))
+    head = arrays["head/bias"].shape[0] if "head/bias" in arrays else None
     if not include_top:
-        return WeightsSource(path)
-    _check_head(path, arrays["head/bias"].shape[0] if "head/bias" in arrays else None, classes)
+        return WeightsSource(path, head_classes=head)
+    _check_head(path, head, classes)
     representation = arrays["pre_logits/bias"].shape[0] if "pre_logits/bias" in arrays else None
-    return WeightsSource(path, representation_size=representation)
+    return WeightsSource(path, representation_size=representation, head_classes=head)
 
 
 def _check_head(weights: str, checkpoint_classes: int | None, classes: int) -> None:

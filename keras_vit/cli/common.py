@@ -11,7 +11,7 @@ import numpy as np
 from keras_vit import models
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, *, classes: bool = True) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """`--model FILE.keras` or `--variant NAME [--weights W] [--image-size SIZE [WIDTH]] [--classes N]`."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a saved keras_vit model (.keras)")
@@ -20,8 +20,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, classes: bool = True
                                           "(default: random initialization)")
     parser.add_argument("--image-size", type=int, nargs="+", default=[224], metavar="SIZE",
                         help="input size for --variant: one value (square) or height width (default: 224)")
-    if classes:
-        parser.add_argument("--classes", type=int, default=1000, help="classes for --variant (default: 1000)")
+    parser.add_argument("--classes", type=int,
+                        help="classes of --variant's head (default: the head of --weights, else 1000)")
 
 
 def image_size(parser: argparse.ArgumentParser, values: Sequence[int]) -> tuple[int, int]:
@@ -37,12 +37,15 @@ def model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--weights needs --variant (a .keras model carries its own weights).")
     height, width = image_size(parser, args.image_size)
     return models.load_or_build(args.model, variant=args.variant, weights=args.weights,
-                                input_shape=(height, width, 3), classes=getattr(args, "classes", 1000))
+                                input_shape=(height, width, 3), classes=args.classes)
 
 
 def load_image(path: str, height: int, width: int, channels: int) -> np.ndarray:
     """Reads an image file as (height, width, channels) float32 pixels in [0, 255]."""
-    from PIL import Image
+    try:
+        from PIL import Image
+    except ImportError as error:
+        raise ImportError("Reading image files needs Pillow: `pip install pillow` (or keras_vit[inspect]).") from error
 
     modes = {1: "L", 3: "RGB"}
     if channels not in modes:

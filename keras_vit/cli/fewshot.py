@@ -16,7 +16,7 @@ from keras_vit.cli import common
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keras-vit-fewshot", description=__doc__.split("\n\n")[0])
-    common.add_model_arguments(parser, classes=False)
+    common.add_model_arguments(parser)
     parser.add_argument("--shots", type=int, nargs="+", default=fewshot.SHOTS, help="k values (default: 1 5 10 25)")
     parser.add_argument("--l2-reg", type=float, default=1.0, help="ridge penalty (default: 1.0)")
     parser.add_argument("--seeds", type=int, default=3, help="k-shot draws averaged per k (default: 3)")

@@ -18,7 +18,7 @@ from keras_vit.cli import common
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keras-vit-inspect", description=__doc__.split("\n\n")[0],
                                      epilog=f"Writes {', '.join(inspect.FIGURES)} to --out.")
-    common.add_model_arguments(parser, classes=False)
+    common.add_model_arguments(parser)
     parser.add_argument("--image", nargs="+", required=True,
                         help="image file(s); resized to the model input. The rollout uses the first, "
                              "the attention distance averages all")
