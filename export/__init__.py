@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 import keras_vit
-from keras_vit._tf_internals import require_tensorflow_backend
+from keras_vit._backend import require_tensorflow_backend
 
 require_tensorflow_backend("keras_vit.export")
 

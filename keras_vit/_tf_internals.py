@@ -46,12 +46,3 @@ def create_op(op_type: str, inputs, output_dtype, attrs: dict, name: str):
     except (ImportError, AttributeError, TypeError) as error:
         raise Unavailable(f"Graph._create_op_internal: {error}") from error
 
-
-def require_tensorflow_backend(package: str) -> None:
-    """Raises ImportError, saying what to do, unless Keras runs on TensorFlow."""
-    import keras
-
-    if keras.backend.backend() != "tensorflow":
-        raise ImportError(f"{package} runs on TensorFlow (tf.distribute, tf.data, SavedModel, TFLite), but Keras "
-                          f"runs on {keras.backend.backend()!r}. Set KERAS_BACKEND=tensorflow before Keras is "
-                          "imported.")

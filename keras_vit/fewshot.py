@@ -85,19 +85,19 @@ def few_shot_accuracy(train_features: np.ndarray, train_labels: np.ndarray, test
     return float(np.mean(predictions == test_labels))
 
 
-def digits_accuracy(model: keras.Model, shots: Sequence[int] = SHOTS, l2_reg: float = 1.0,
-                    seeds: int = 3) -> dict[int, tuple[float, float]]:
+def digits_accuracy(model: keras.Model, shots: Sequence[int] = SHOTS, l2_reg: float = 1.0, seeds: int = 3,
+                    test_fraction: float = 0.5) -> dict[int, tuple[float, float]]:
     """Few-shot accuracy on the embedded digits for each k: `{k: (mean, std over seeds)}`.
 
-    Half of each class (`keras_vit.datasets.digits`, `test_fraction=0.5`) is the pool the k-shot
-    sets are drawn from, the other half the test split; digits are resized to the model's input
-    and gray is repeated over its channels.
+    The `"train"` split of `keras_vit.datasets.digits` (by default half of each class) is the
+    pool the k-shot sets are drawn from, `"test"` the test split; digits are resized to the
+    model's input and gray is repeated over its channels.
     """
     extractor = feature_extractor(model)
     height, width, channels = model.inputs[0].shape[1:]
     features, labels = {}, {}
     for split in ("train", "test"):
-        images, labels[split] = datasets.digits(split, test_fraction=0.5)
+        images, labels[split] = datasets.digits(split, test_fraction=test_fraction)
         resized = datasets.resize(images, (height, width), channels)
         features[split] = extractor.predict(resized, batch_size=64, verbose=0)
     results = {}

@@ -167,7 +167,7 @@ class WeightsSource:
         checkpoint: the registry entry, or None for a local file.
         representation_size: int or None. `pre_logits` width the model should be built with
             when the caller left `representation_size=None`: the checkpoint's, if its head is
-            going to be loaded (`include_top=True` and the same `classes`), else None.
+            going to be loaded (`include_top=True`), else None.
         numerics: model options the checkpoint's model fixes (`layer_norm_epsilon`,
             `gelu_approximate`): set for timm / Hugging Face files, empty otherwise.
         head_classes: int or None. Width of the checkpoint's head; None when it has none or
@@ -205,8 +205,16 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
         return None
     if not isinstance(weights, str):
         raise ValueError(f"`weights` must be None, a registered name or a file path. Received: {weights!r}")
-    if os.path.isfile(weights):
-        return _resolve_file(weights, include_top=include_top, classes=classes)
+    source = _resolve_file(weights) if os.path.isfile(weights) else _resolve_name(weights, variant, image_size)
+    if not include_top:
+        return dataclasses.replace(source, representation_size=None)
+    if not source.location.endswith(".h5"):  # A Keras weights file does not say; Keras checks it on load.
+        _check_head(weights, source.head_classes, classes)
+    return source
+
+
+def _resolve_name(weights: str, variant: str | None, image_size: tuple[int, int]) -> WeightsSource:
+    """A registered name: the registry entry that fits the variant and input size."""
     if variant is None:
         raise ValueError(f"`weights={weights!r}` is not an existing file, and registered weights names need a "
                          "`variant` (e.g. variant='B/16').")
@@ -224,24 +232,22 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
                          f"name. Expected None, a path to a .npz, .weights.h5 or .safetensors file, or one of "
                          f"{names}.")
     entry = _pick(candidates, image_size, tags)
-    if include_top:
-        _check_head(weights, entry.classes, classes)
-    return WeightsSource(entry.url, entry, entry.representation_size if include_top else None,
-                         head_classes=entry.classes)
+    return WeightsSource(entry.url, entry, entry.representation_size, head_classes=entry.classes)
 
 
-def _check_not_a_model_file(path: str) -> None:
+def _check_file_kind(path: str) -> None:
+    """Refuses pickle files (never opened) and whole-model `.keras` files, saying what to use."""
+    torch_checkpoints.refuse_pickle(path)
     if path.endswith(".keras"):
         raise ValueError(f"{path!r} is a whole Keras model, not a weights file: load it with "
                          "`keras.saving.load_model(path)`. Weights files are `.npz` and `.safetensors` "
                          "checkpoints and `.weights.h5`.")
 
 
-def _resolve_file(path: str, *, include_top: bool, classes: int) -> WeightsSource:
+def _resolve_file(path: str) -> WeightsSource:
     """A local file; an `.npz` or `.safetensors` file is opened to read its head and pre-logits widths
     (and the layout, hence the numerics, of a `.safetensors` file)."""
-    torch_checkpoints.refuse_pickle(path)
-    _check_not_a_model_file(path)
+    _check_file_kind(path)
     if path.endswith(".h5"):
         return WeightsSource(path)
     if path.endswith(".safetensors"):
@@ -249,33 +255,26 @@ def _resolve_file(path: str, *, include_top: bool, classes: int) -> WeightsSourc
         layout = torch_checkpoints.detect_layout(shapes)
         torch_checkpoints.check_supported(shapes, layout, origin=path)
         head, representation = torch_checkpoints.top_widths(shapes, layout)
-        if include_top:
-            _check_head(path, head, classes)
-        return WeightsSource(path, representation_size=representation if include_top else None,
+        return WeightsSource(path, representation_size=representation,
                              numerics=dict(torch_checkpoints.NUMERICS[layout]), head_classes=head)
     arrays = read_npz(path, keys=("head/bias", "pre_logits/bias"))
     head = arrays["head/bias"].shape[0] if "head/bias" in arrays else None
-    if not include_top:
-        return WeightsSource(path, head_classes=head)
-    _check_head(path, head, classes)
     representation = arrays["pre_logits/bias"].shape[0] if "pre_logits/bias" in arrays else None
     return WeightsSource(path, representation_size=representation, head_classes=head)
 
 
 def _check_head(weights: str, checkpoint_classes: int | None, classes: int) -> None:
     """With `include_top=True`, pretrained weights must bring the head: same `classes`."""
-    if checkpoint_classes == classes:
-        return
-    found = f"a {checkpoint_classes}-class head" if checkpoint_classes else "no classification head"
-    raise ValueError(
-        f"weights={weights!r} has {found}, but the model was asked for include_top=True and classes={classes}: "
-        f"its head would be a new all-zeros layer (uniform predictions). Pass classes={checkpoint_classes} to "
-        "use the checkpoint's head, or, to fine-tune for your classes, build the backbone with "
-        "include_top=False and pooling='token' (pooling='avg' for classifier='gap') and add your head: "
-        f"`keras_vit.ViTModel(backbone.input, keras.layers.Dense({classes})(backbone.output))`."
-        if checkpoint_classes else
-        f"weights={weights!r} has no classification head, but the model was asked for include_top=True: build "
-        "it with include_top=False (and `pooling`) and add your head.")
+    if checkpoint_classes is None:
+        raise ValueError(f"weights={weights!r} has no classification head, but the model was asked for "
+                         "include_top=True: build it with include_top=False (and `pooling`) and add your head.")
+    if checkpoint_classes != classes:
+        raise ValueError(
+            f"weights={weights!r} has a {checkpoint_classes}-class head, but the model was asked for include_top=True "
+            f"and classes={classes}: its head would be a new all-zeros layer (uniform predictions). Pass "
+            f"classes={checkpoint_classes} to use the checkpoint's head, or, to fine-tune for your classes, build the "
+            "backbone with include_top=False and pooling='token' (pooling='avg' for classifier='gap') and add your "
+            f"head: `keras_vit.ViTModel(backbone.input, keras.layers.Dense({classes})(backbone.output))`.")
 
 
 # ---------------------------------------------------------------------------------------
@@ -470,8 +469,7 @@ def load(model: keras.Model, source: WeightsSource | str) -> None:
     if isinstance(source, str):
         source = WeightsSource(source)
     path = fetch(source.checkpoint) if source.checkpoint else source.location
-    torch_checkpoints.refuse_pickle(path)
-    _check_not_a_model_file(path)
+    _check_file_kind(path)
     if path.endswith(".h5"):
         model.load_weights(path)
         return
@@ -555,7 +553,8 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: 
         key, value = mapped.pop(path)
         if path == _POSEMB_PATH and value.shape != tuple(variable.shape):
             rows, columns = model.get_layer("posembed_input").grid_size
-            resized = f"{name(key)} resampled from {value.shape[1]} to {variable.shape[1]} tokens ({rows}x{columns} grid)"
+            resized = (f"{name(key)} resampled from {value.shape[1]} to {variable.shape[1]} tokens "
+                       f"({rows}x{columns} grid)")
             value = _resample_for(model, value, variable, name(key), problems)
         if value is not None and value.shape != tuple(variable.shape):
             problems.append(f"shape mismatch for key {name(key)} -> {path!r}: expected {tuple(variable.shape)}, "

@@ -25,12 +25,12 @@ def main(workdir: str) -> None:
     report = {"backend": keras.backend.backend(), "tensorflow_imported": "tensorflow" in sys.modules}
     spec = json.load(open(os.path.join(workdir, "spec.json")))
     images = dict(np.load(os.path.join(workdir, "images.npz")))
-    logits = {}
+    logits, models = {}, []
     for case in spec["cases"]:
-        model = keras_vit.VisionTransformer(**case["build"], weights=os.path.join(workdir, case["file"]))
-        logits[case["name"]] = keras.ops.convert_to_numpy(model(images[case["images"]], training=False))
-    model = keras_vit.VisionTransformer(**spec["cases"][0]["build"], weights=os.path.join(workdir, spec["cases"][0]["file"]))
-    x = images[spec["cases"][0]["images"]]
+        models.append(keras_vit.VisionTransformer(**case["build"], weights=os.path.join(workdir, case["file"])))
+        logits[case["name"]] = keras.ops.convert_to_numpy(models[-1](images[case["images"]], training=False))
+    first, model = spec["cases"][0], models[0]  # The round trips, attention and few-shot use the first case.
+    x = images[first["images"]]
     expected = keras.ops.convert_to_numpy(model(x))
     for name in ("model.keras", "model.weights.h5"):
         path = os.path.join(workdir, name)
@@ -39,7 +39,7 @@ def main(workdir: str) -> None:
             revived = keras.saving.load_model(path)
         else:
             model.save_weights(path)
-            revived = keras_vit.VisionTransformer(**spec["cases"][0]["build"], weights=path)
+            revived = keras_vit.VisionTransformer(**first["build"], weights=path)
         report[f"{name} max difference"] = float(np.abs(keras.ops.convert_to_numpy(revived(x)) - expected).max())
     attention = keras_vit.attention_model(model)(x)["attention"]
     logits["attention"] = np.stack([keras.ops.convert_to_numpy(scores) for scores in attention])

@@ -1,7 +1,8 @@
 """keras_vit on the JAX and PyTorch Keras backends (each in its own process, as Keras fixes its
 backend at import): the same logits as on TensorFlow for original-layout and timm / Hugging Face
 checkpoints, the same attention scores, rollout and digits few-shot accuracy, the layer and config
-round trips of `tests/test_layers.py`, and `fit` steps that lower the loss. PyTorch is tested where it is installed (`.ci/run` installs its CPU wheel)."""
+round trips of `tests/test_layers.py`, and `fit` steps that lower the loss. PyTorch is tested where it
+is installed (`.ci/run` installs its CPU wheel)."""
 
 import importlib.util
 import json
@@ -15,8 +16,8 @@ import pytest
 import keras_vit
 import keras_vit.fewshot
 from keras_vit import inspect as vit_inspect
-from tests.test_torch_checkpoints import hf_state_dict, save, timm_state_dict
-from tests.testing import TINY_HYBRID, TINY_VIT, save_checkpoint, vit_checkpoint
+from tests.testing import (TINY_HYBRID, TINY_VIT, hf_state_dict, save_checkpoint, save_safetensors,
+                           timm_state_dict, vit_checkpoint)
 
 BACKENDS = ("jax", "torch")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,14 +25,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (name, checkpoint file, builder arguments, images): plain and hybrid at their native size, a
 # resized rectangular input, and both PyTorch-world layouts (exact GELU, their LayerNorm epsilon;
 # no preprocessing layer, so [-1, 1] images).
+LOGITS = dict(classifier_activation=None, classes=10)
 CASES = [
-    ("vit", "vit.npz", dict(TINY_VIT, input_shape=(32, 32, 3), classifier_activation=None, classes=10), "square"),
-    ("vit_resized", "vit.npz", dict(TINY_VIT, input_shape=(40, 56, 3), classifier_activation=None, classes=10), "rectangle"),
-    ("hybrid", "hybrid.npz", dict(TINY_HYBRID, input_shape=(32, 32, 3), classifier_activation=None, classes=10), "square"),
-    ("timm", "timm.safetensors", dict(TINY_VIT, input_shape=(32, 32, 3), classifier_activation=None, classes=10,
-                                      include_preprocessing=False), "square_unit"),
-    ("hugging_face", "hf.safetensors", dict(TINY_VIT, input_shape=(40, 56, 3), classifier_activation=None, classes=10,
-                                            include_preprocessing=False), "rectangle_unit"),
+    ("vit", "vit.npz", dict(TINY_VIT, input_shape=(32, 32, 3), **LOGITS), "square"),
+    ("vit_resized", "vit.npz", dict(TINY_VIT, input_shape=(40, 56, 3), **LOGITS), "rectangle"),
+    ("hybrid", "hybrid.npz", dict(TINY_HYBRID, input_shape=(32, 32, 3), **LOGITS), "square"),
+    ("timm", "timm.safetensors", dict(TINY_VIT, input_shape=(32, 32, 3), include_preprocessing=False, **LOGITS),
+     "square_unit"),
+    ("hugging_face", "hf.safetensors",
+     dict(TINY_VIT, input_shape=(40, 56, 3), include_preprocessing=False, **LOGITS), "rectangle_unit"),
 ]
 TRAIN = dict(TINY_VIT, input_shape=(32, 32, 3), classes=4)
 EPOCHS = 8
@@ -47,8 +49,8 @@ def workdir(tmp_path_factory):
     path = tmp_path_factory.mktemp("backends")
     save_checkpoint(path / "vit.npz", vit_checkpoint(seed=3))
     save_checkpoint(path / "hybrid.npz", vit_checkpoint(TINY_HYBRID, seed=4))
-    save(timm_state_dict(seed=5), path / "timm.safetensors")
-    save(hf_state_dict(seed=6), path / "hf.safetensors")
+    save_safetensors(timm_state_dict(seed=5), path / "timm.safetensors")
+    save_safetensors(hf_state_dict(seed=6), path / "hf.safetensors")
     rng = np.random.default_rng(0)
     images = {"square": rng.uniform(0, 255, (4, 32, 32, 3)).astype("float32"),
               "rectangle": rng.uniform(0, 255, (4, 40, 56, 3)).astype("float32")}
@@ -57,13 +59,12 @@ def workdir(tmp_path_factory):
     spec = {"cases": [dict(name=n, file=f, build=b, images=i) for n, f, b, i in CASES], "train": TRAIN,
             "epochs": EPOCHS}
     (path / "spec.json").write_text(json.dumps(spec))
-    tensorflow_logits = {}
+    tensorflow_logits, models = {}, []
     for name, file, build, image_key in CASES:
-        model = keras_vit.VisionTransformer(**build, weights=str(path / file))
-        tensorflow_logits[name] = np.asarray(model(images[image_key], training=False))
+        models.append(keras_vit.VisionTransformer(**build, weights=str(path / file)))
+        tensorflow_logits[name] = np.asarray(models[-1](images[image_key], training=False))
         assert np.ptp(tensorflow_logits[name]) > 0.5, f"{name}: degenerate logits"
-    name, file, build, image_key = CASES[0]
-    model = keras_vit.VisionTransformer(**build, weights=str(path / file))
+    model, image_key = models[0], CASES[0][3]  # As the worker: attention and few-shot of the first case.
     tensorflow_logits["attention"] = np.stack(
         [np.asarray(scores) for scores in keras_vit.attention_model(model)(images[image_key])["attention"]])
     tensorflow_logits["rollout"] = vit_inspect.attention_rollout(model, images[image_key])

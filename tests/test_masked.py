@@ -318,14 +318,17 @@ def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(t
 
 
 def test_masked_digits_few_shot_matches_ridge_reference():
+    """masked_digits measures few-shot accuracy on the training recipes' split (1,437 / 360 digits)."""
+    from keras_vit import datasets
     from keras_vit.training import masked_digits
 
     encoder = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), include_top=False, pooling="token",
                                           weights=None)
     results = masked_digits.few_shot(encoder, shots=(1, 5), seeds=2)
-    (train_x, train_y), (test_x, test_y) = masked_digits._split("train"), masked_digits._split("test")
+    (train_x, train_y), (test_x, test_y) = (datasets.digits(split) for split in ("train", "test"))
     assert (len(train_y), len(test_y)) == (1437, 360)
-    train_features, test_features = (encoder.predict(x, verbose=0) for x in (train_x, test_x))
+    train_features, test_features = (encoder.predict(datasets.resize(x, (32, 32)), verbose=0)
+                                     for x in (train_x, test_x))
     for k in (1, 5):
         expected = [ridge_few_shot_accuracy(train_features, train_y, test_features, test_y, k, seed) for seed in (0, 1)]
-        np.testing.assert_allclose(results[k], expected, atol=1e-12)
+        np.testing.assert_allclose(results[k], (np.mean(expected), np.std(expected)), atol=1e-12)

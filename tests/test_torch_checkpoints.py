@@ -16,78 +16,9 @@ import keras_vit
 from keras_vit import kernels, torch_checkpoints
 from keras_vit.cli import convert
 from keras_vit import layers as vit_layers
-from tests.testing import TINY_VIT
-
-safetensors_numpy = pytest.importorskip("safetensors.numpy")
+from tests.testing import TINY_VIT, hf_state_dict, save_safetensors, timm_state_dict
 
 TI16 = dict(hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12, patch_size=16)
-
-
-def _weights(rng, depth, width, mlp, patch, tokens, classes):
-    """Random, non-degenerate weights in torch shapes, scaled so that logits are O(1)-O(10)."""
-    def linear(out, inp, gain=1.0):
-        return (rng.normal(size=(out, inp)) * gain / math.sqrt(inp)).astype("float32")
-
-    def vector(n, mean=0.0, scale=0.1):
-        return (mean + rng.normal(size=n) * scale).astype("float32")
-
-    common = dict(conv=(rng.normal(size=(width, 3, patch, patch)) / math.sqrt(3 * patch * patch)).astype("float32"),
-                  conv_bias=vector(width), cls=vector((1, 1, width), scale=0.5),
-                  pos=vector((1, tokens, width), scale=0.5), norm=(vector(width, 1.0), vector(width)),
-                  head=(linear(classes, width, gain=3.0), vector(classes)))
-    blocks = [dict(norm1=(vector(width, 1.0), vector(width)), norm2=(vector(width, 1.0), vector(width)),
-                   qkv=[(linear(width, width), vector(width)) for _ in range(3)],
-                   proj=(linear(width, width), vector(width)),
-                   fc1=(linear(mlp, width, 1.5), vector(mlp, scale=0.5)), fc2=(linear(width, mlp, 0.5), vector(width)))
-              for _ in range(depth)]
-    return common, blocks
-
-
-def timm_state_dict(seed=0, depth=2, width=48, mlp=96, patch=8, grid=4, classes=10):
-    common, blocks = _weights(np.random.default_rng(seed), depth, width, mlp, patch, 1 + grid * grid, classes)
-    state = {"patch_embed.proj.weight": common["conv"], "patch_embed.proj.bias": common["conv_bias"],
-             "cls_token": common["cls"], "pos_embed": common["pos"], "norm.weight": common["norm"][0],
-             "norm.bias": common["norm"][1], "head.weight": common["head"][0], "head.bias": common["head"][1]}
-    for i, block in enumerate(blocks):
-        b = f"blocks.{i}."
-        state.update({b + "norm1.weight": block["norm1"][0], b + "norm1.bias": block["norm1"][1],
-                      b + "attn.qkv.weight": np.concatenate([w for w, _ in block["qkv"]]),
-                      b + "attn.qkv.bias": np.concatenate([bias for _, bias in block["qkv"]]),
-                      b + "attn.proj.weight": block["proj"][0], b + "attn.proj.bias": block["proj"][1],
-                      b + "norm2.weight": block["norm2"][0], b + "norm2.bias": block["norm2"][1],
-                      b + "mlp.fc1.weight": block["fc1"][0], b + "mlp.fc1.bias": block["fc1"][1],
-                      b + "mlp.fc2.weight": block["fc2"][0], b + "mlp.fc2.bias": block["fc2"][1]})
-    return state
-
-
-def hf_state_dict(seed=0, depth=2, width=48, mlp=96, patch=8, grid=4, classes=10, prefix="vit.", pooler=False):
-    """ViTForImageClassification (prefix "vit.", a classifier) or ViTModel (no prefix, classes=None)."""
-    common, blocks = _weights(np.random.default_rng(seed), depth, width, mlp, patch, 1 + grid * grid, classes or 1)
-    e = prefix + "embeddings."
-    state = {e + "patch_embeddings.projection.weight": common["conv"],
-             e + "patch_embeddings.projection.bias": common["conv_bias"], e + "cls_token": common["cls"],
-             e + "position_embeddings": common["pos"], prefix + "layernorm.weight": common["norm"][0],
-             prefix + "layernorm.bias": common["norm"][1]}
-    if classes:
-        state.update({"classifier.weight": common["head"][0], "classifier.bias": common["head"][1]})
-    if pooler:
-        state.update({"pooler.dense.weight": blocks[0]["proj"][0] * 2, "pooler.dense.bias": blocks[0]["proj"][1]})
-    for i, block in enumerate(blocks):
-        b = f"{prefix}encoder.layer.{i}."
-        state.update({b + "layernorm_before.weight": block["norm1"][0], b + "layernorm_before.bias": block["norm1"][1],
-                      b + "attention.output.dense.weight": block["proj"][0],
-                      b + "attention.output.dense.bias": block["proj"][1],
-                      b + "layernorm_after.weight": block["norm2"][0], b + "layernorm_after.bias": block["norm2"][1],
-                      b + "intermediate.dense.weight": block["fc1"][0], b + "intermediate.dense.bias": block["fc1"][1],
-                      b + "output.dense.weight": block["fc2"][0], b + "output.dense.bias": block["fc2"][1]})
-        for name, (weight, bias) in zip(("query", "key", "value"), block["qkv"]):
-            state.update({f"{b}attention.attention.{name}.weight": weight, f"{b}attention.attention.{name}.bias": bias})
-    return state
-
-
-def save(state, path) -> str:
-    safetensors_numpy.save_file(state, str(path))
-    return str(path)
 
 
 def images(height, width, batch=2, seed=1):
@@ -110,7 +41,7 @@ def assert_logits_match(logits, expected):
 
 def test_timm_ti16_at_224_matches_the_numpy_forward(tmp_path):
     state = timm_state_dict(depth=12, width=192, mlp=768, patch=16, grid=14, classes=1000)
-    path = save(state, tmp_path / "vit_tiny.safetensors")
+    path = save_safetensors(state, tmp_path / "vit_tiny.safetensors")
     model = keras_vit.ViTTi16(weights=path, include_preprocessing=False, classifier_activation=None)
     block = model.get_layer("encoderblock_0")
     assert (block.gelu_approximate, block.layer_norm_epsilon) == (False, 1e-6)
@@ -120,7 +51,7 @@ def test_timm_ti16_at_224_matches_the_numpy_forward(tmp_path):
 
 def test_hugging_face_on_a_resized_rectangular_input_matches_the_numpy_forward(tmp_path):
     state = hf_state_dict()  # trained at 32x32: a 4x4 grid, resampled to 5x3
-    path = save(state, tmp_path / "hf.safetensors")
+    path = save_safetensors(state, tmp_path / "hf.safetensors")
     model = tiny(path, input_shape=(40, 24, 3), classes=10)
     assert model.get_layer("encoder_norm").epsilon == 1e-12
     assert model.get_layer("posembed_input").pos_embedding.shape == (1, 16, 48)
@@ -130,7 +61,7 @@ def test_hugging_face_on_a_resized_rectangular_input_matches_the_numpy_forward(t
 
 def test_hugging_face_vit_model_pooler_is_pre_logits(tmp_path):
     state = hf_state_dict(prefix="", classes=None, pooler=True)
-    path = save(state, tmp_path / "hf_model.safetensors")
+    path = save_safetensors(state, tmp_path / "hf_model.safetensors")
     model = tiny(path, include_top=False, pooling="token", representation_size=48)
     x = images(32, 32)
     expected = torch_checkpoints.reference_forward(state, x, num_heads=3)
@@ -138,7 +69,7 @@ def test_hugging_face_vit_model_pooler_is_pre_logits(tmp_path):
 
 
 def test_options_survive_keras_saving_and_conflicts_are_errors(tmp_path):
-    path = save(timm_state_dict(), tmp_path / "timm.safetensors")
+    path = save_safetensors(timm_state_dict(), tmp_path / "timm.safetensors")
     model = tiny(path, classes=10)
     model.save(tmp_path / "model.keras")
     loaded = keras.saving.load_model(tmp_path / "model.keras")
@@ -177,7 +108,7 @@ def test_exact_gelu_block_matches_numpy_in_both_kernel_scopes(cpu_kernels, train
 
 
 def test_converter_writes_keras_and_weights_files(tmp_path, capsys):
-    path = save(timm_state_dict(), tmp_path / "timm.safetensors")
+    path = save_safetensors(timm_state_dict(), tmp_path / "timm.safetensors")
     for output in ("tiny.keras", "tiny.weights.h5"):
         assert convert.main([path, str(tmp_path / output), "--num-heads", "3"]) == 0
         difference = float(capsys.readouterr().out.split("max abs difference ")[1].split()[0])
@@ -220,19 +151,19 @@ def test_bad_timm_keys_list_every_problem_and_load_nothing(tmp_path, random_mode
     state = timm_state_dict()
     edit(state)
     state.pop("blocks.1.norm2.bias")  # a second problem, listed too
-    message = load_fails(random_model, save(state, tmp_path / "bad.safetensors"), match)
+    message = load_fails(random_model, save_safetensors(state, tmp_path / "bad.safetensors"), match)
     assert "no weight was changed" in message and "missing key 'blocks.1.norm2.bias'" in message
 
 
 def test_missing_hugging_face_key_is_named_as_in_the_file(tmp_path, random_model):
     state = hf_state_dict()
     del state["vit.encoder.layer.0.attention.attention.key.bias"]
-    load_fails(random_model, save(state, tmp_path / "bad.safetensors"),
+    load_fails(random_model, save_safetensors(state, tmp_path / "bad.safetensors"),
                r"missing key 'vit.encoder.layer.0.attention.attention.key.bias'")
 
 
 def test_truncated_file_is_a_clear_error(tmp_path, random_model):
-    path = save(timm_state_dict(), tmp_path / "good.safetensors")
+    path = save_safetensors(timm_state_dict(), tmp_path / "good.safetensors")
     data = open(path, "rb").read()
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(data[:-100])
@@ -274,13 +205,13 @@ def test_pickle_files_are_never_unpickled(tmp_path, random_model, suffix):
 def test_unsupported_timm_features_are_refused(tmp_path, random_model, extra, feature):
     state = timm_state_dict()
     state.update(extra)
-    path = save(state, tmp_path / "variant.safetensors")
+    path = save_safetensors(state, tmp_path / "variant.safetensors")
     with pytest.raises(ValueError, match=f"features keras_vit does not implement: {feature}"):
         tiny(path, classes=10)
     load_fails(random_model, path, feature)
 
 
 def test_unknown_layout_lists_the_recognized_ones(tmp_path, random_model):
-    path = save({"encoder.weight": np.ones(3, "float32")}, tmp_path / "other.safetensors")
+    path = save_safetensors({"encoder.weight": np.ones(3, "float32")}, tmp_path / "other.safetensors")
     load_fails(random_model, path, r"Not a timm or Hugging Face ViT state dict \(1 keys: 'encoder.weight'\)"
                                    r"(.|\n)*Recognized layouts: timm")

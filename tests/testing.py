@@ -6,6 +6,7 @@ round trips."""
 from __future__ import annotations
 
 import json
+import math
 
 import keras
 import numpy as np
@@ -355,4 +356,77 @@ def big_vision_names(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def save_checkpoint(path, arrays: dict[str, np.ndarray]) -> str:
     np.savez(path, **arrays)
+    return str(path)
+
+
+# === timm and Hugging Face state dicts (torch shapes and names), written as `.safetensors` ===
+
+
+def _weights(rng, depth, width, mlp, patch, tokens, classes):
+    """Random, non-degenerate weights in torch shapes, scaled so that logits are O(1)-O(10)."""
+    def linear(out, inp, gain=1.0):
+        return (rng.normal(size=(out, inp)) * gain / math.sqrt(inp)).astype("float32")
+
+    def vector(n, mean=0.0, scale=0.1):
+        return (mean + rng.normal(size=n) * scale).astype("float32")
+
+    common = dict(conv=(rng.normal(size=(width, 3, patch, patch)) / math.sqrt(3 * patch * patch)).astype("float32"),
+                  conv_bias=vector(width), cls=vector((1, 1, width), scale=0.5),
+                  pos=vector((1, tokens, width), scale=0.5), norm=(vector(width, 1.0), vector(width)),
+                  head=(linear(classes, width, gain=3.0), vector(classes)))
+    blocks = [dict(norm1=(vector(width, 1.0), vector(width)), norm2=(vector(width, 1.0), vector(width)),
+                   qkv=[(linear(width, width), vector(width)) for _ in range(3)],
+                   proj=(linear(width, width), vector(width)),
+                   fc1=(linear(mlp, width, 1.5), vector(mlp, scale=0.5)), fc2=(linear(width, mlp, 0.5), vector(width)))
+              for _ in range(depth)]
+    return common, blocks
+
+
+def timm_state_dict(seed=0, depth=2, width=48, mlp=96, patch=8, grid=4, classes=10):
+    common, blocks = _weights(np.random.default_rng(seed), depth, width, mlp, patch, 1 + grid * grid, classes)
+    state = {"patch_embed.proj.weight": common["conv"], "patch_embed.proj.bias": common["conv_bias"],
+             "cls_token": common["cls"], "pos_embed": common["pos"], "norm.weight": common["norm"][0],
+             "norm.bias": common["norm"][1], "head.weight": common["head"][0], "head.bias": common["head"][1]}
+    for i, block in enumerate(blocks):
+        b = f"blocks.{i}."
+        state.update({b + "norm1.weight": block["norm1"][0], b + "norm1.bias": block["norm1"][1],
+                      b + "attn.qkv.weight": np.concatenate([w for w, _ in block["qkv"]]),
+                      b + "attn.qkv.bias": np.concatenate([bias for _, bias in block["qkv"]]),
+                      b + "attn.proj.weight": block["proj"][0], b + "attn.proj.bias": block["proj"][1],
+                      b + "norm2.weight": block["norm2"][0], b + "norm2.bias": block["norm2"][1],
+                      b + "mlp.fc1.weight": block["fc1"][0], b + "mlp.fc1.bias": block["fc1"][1],
+                      b + "mlp.fc2.weight": block["fc2"][0], b + "mlp.fc2.bias": block["fc2"][1]})
+    return state
+
+
+def hf_state_dict(seed=0, depth=2, width=48, mlp=96, patch=8, grid=4, classes=10, prefix="vit.", pooler=False):
+    """ViTForImageClassification (prefix "vit.", a classifier) or ViTModel (no prefix, classes=None)."""
+    common, blocks = _weights(np.random.default_rng(seed), depth, width, mlp, patch, 1 + grid * grid, classes or 1)
+    e = prefix + "embeddings."
+    state = {e + "patch_embeddings.projection.weight": common["conv"],
+             e + "patch_embeddings.projection.bias": common["conv_bias"], e + "cls_token": common["cls"],
+             e + "position_embeddings": common["pos"], prefix + "layernorm.weight": common["norm"][0],
+             prefix + "layernorm.bias": common["norm"][1]}
+    if classes:
+        state.update({"classifier.weight": common["head"][0], "classifier.bias": common["head"][1]})
+    if pooler:
+        state.update({"pooler.dense.weight": blocks[0]["proj"][0] * 2, "pooler.dense.bias": blocks[0]["proj"][1]})
+    for i, block in enumerate(blocks):
+        b = f"{prefix}encoder.layer.{i}."
+        state.update({b + "layernorm_before.weight": block["norm1"][0], b + "layernorm_before.bias": block["norm1"][1],
+                      b + "attention.output.dense.weight": block["proj"][0],
+                      b + "attention.output.dense.bias": block["proj"][1],
+                      b + "layernorm_after.weight": block["norm2"][0], b + "layernorm_after.bias": block["norm2"][1],
+                      b + "intermediate.dense.weight": block["fc1"][0], b + "intermediate.dense.bias": block["fc1"][1],
+                      b + "output.dense.weight": block["fc2"][0], b + "output.dense.bias": block["fc2"][1]})
+        for name, (weight, bias) in zip(("query", "key", "value"), block["qkv"]):
+            state.update({f"{b}attention.attention.{name}.weight": weight, f"{b}attention.attention.{name}.bias": bias})
+    return state
+
+
+def save_safetensors(state, path) -> str:
+    """Writes a state dict with the `safetensors` package (torch not needed)."""
+    from safetensors.numpy import save_file
+
+    save_file(state, str(path))
     return str(path)

@@ -4,7 +4,7 @@ Installed as `keras_vit.training`. `train_and_evaluate(config, workdir)` is the 
 --help` the command line (`python -m training.train` in a clone). Runs on the TensorFlow backend.
 """
 
-from keras_vit._tf_internals import require_tensorflow_backend
+from keras_vit._backend import require_tensorflow_backend
 
 require_tensorflow_backend("keras_vit.training")
 

@@ -37,7 +37,7 @@ class Source:
 # === Sources ===
 
 
-def digits_source(split: str, test_fraction: float = 0.2) -> Source:
+def digits_source(split: str, test_fraction: float = datasets.TEST_FRACTION) -> Source:
     """The embedded digits (`keras_vit.datasets.digits`: 8x8, RGB, [0, 255]): `"train"` (80%), `"test"`
     (20%), or `"train[:N%]"`, a stratified N% of the training split, e.g. for fine-tuning with few labels."""
     images, labels = datasets.digits(split, test_fraction=test_fraction)
