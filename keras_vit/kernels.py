@@ -15,6 +15,10 @@ pays on the machine it runs on (`choose`):
   oneDNN gives its AMX kernel (its bfloat16 MatMul gets a generic gemm); AMX CPUs only.
 - `xla_elementwise`: the GELU (training) and the LayerNorm and GELU backward passes as small
   XLA-compiled loops on any CPU, after a one-time compile probe.
+- `xla_encoder_blocks`: the float32 inference of each encoder block (`encoder_block`) as one
+  XLA-compiled function, shared by every block of the same width and input shape, where
+  TensorFlow does not run on oneDNN (its default on AVX2-only and non-Intel CPUs), after a
+  one-time probe against the portable ops.
 
 A GPU or TPU in sight, `jit_compile=True`, another Keras backend, eager execution, or
 `KERAS_VIT_KERNELS=portable` in the environment all mean the portable ops. Whatever is not
@@ -31,6 +35,7 @@ import math
 import os
 import threading
 import warnings
+from typing import Any, Callable, NamedTuple
 
 import keras
 from keras import ops
@@ -78,6 +83,7 @@ class KernelChoice:
     onednn_layer_norm: frozenset[str] = frozenset()  # dtypes, of "float32" and "bfloat16"
     bfloat16_conv_projections: bool = False
     xla_elementwise: bool = False
+    xla_encoder_blocks: bool = False
 
 
 PORTABLE = KernelChoice()
@@ -90,7 +96,9 @@ def choose(capabilities: Capabilities) -> KernelChoice:
     benchmarks/RESULTS.md): the XLA elementwise loops pay on AVX2 (with or without oneDNN) and
     on AMX CPUs; the oneDNN LayerNorm pays where TensorFlow runs on oneDNN
     (on the AVX2 CPU, where it does not by default, it gained nothing); the bfloat16
-    convolutions pay only with AMX.
+    convolutions pay only with AMX. XLA-compiled encoder blocks pay in inference where
+    TensorFlow runs on Eigen (B/16: 12-18% faster on the AVX2 CPU); where it runs on oneDNN
+    its fused oneDNN kernels are kept.
     """
     if capabilities.accelerator or not capabilities.cpu_flags:
         return PORTABLE
@@ -100,7 +108,8 @@ def choose(capabilities: Capabilities) -> KernelChoice:
         if capabilities.avx512:  # oneDNN has no bfloat16 LayerNorm for AVX2
             norm_dtypes.add("bfloat16")
     return KernelChoice(onednn_layer_norm=frozenset(norm_dtypes),
-                        bfloat16_conv_projections=capabilities.onednn and capabilities.amx, xla_elementwise=True)
+                        bfloat16_conv_projections=capabilities.onednn and capabilities.amx, xla_elementwise=True,
+                        xla_encoder_blocks=not capabilities.onednn)
 
 
 def cpu_flags() -> frozenset[str]:
@@ -141,7 +150,8 @@ def machine_choice() -> KernelChoice:
     norm_dtypes = frozenset(dtype for dtype in choice.onednn_layer_norm if _probe("oneDNN LayerNorm " + dtype,
                                                                                     _probe_layer_norm, dtype))
     xla = choice.xla_elementwise and _probe("XLA elementwise kernels", _probe_xla)
-    choice = dataclasses.replace(choice, onednn_layer_norm=norm_dtypes, xla_elementwise=xla)
+    blocks = choice.xla_encoder_blocks and _probe("XLA encoder blocks", _probe_xla_blocks)
+    choice = dataclasses.replace(choice, onednn_layer_norm=norm_dtypes, xla_elementwise=xla, xla_encoder_blocks=blocks)
     logger.debug("CPU kernels: %s", choice)
     return choice
 
@@ -180,6 +190,26 @@ def _probe_xla() -> bool:
     x = tf.constant(np.linspace(-3, 3, 24, dtype="float32").reshape(4, 6))
     expected = keras.activations.gelu(x, approximate=True)
     return bool(np.allclose(np.asarray(_gelu_forward(x)), np.asarray(expected), atol=1e-6))
+
+
+def _probe_xla_blocks() -> bool:
+    import numpy as np
+    rng = np.random.default_rng(0)
+
+    def normal(*shape):
+        return ops.convert_to_tensor(rng.normal(size=shape).astype("float32") * 0.3)
+
+    width, heads, mlp_dim = 8, 2, 16
+    weights = BlockWeights(
+        (normal(width) + 1.0, normal(width)),
+        AttentionWeights(normal(width, heads, 4), normal(heads, 4), normal(width, heads, 4), normal(heads, 4),
+                         normal(width, heads, 4), normal(heads, 4), normal(heads, 4, width), normal(width)),
+        (normal(width) + 1.0, normal(width)),
+        MlpWeights(normal(width, mlp_dim), normal(mlp_dim), normal(mlp_dim, width), normal(width)))
+    x = normal(2, 5, width)
+    fast = _compiled_encoder_block(x, weights, heads, 1e-6, True)
+    portable = _encoder_block(x, weights, heads, 1e-6, True)
+    return bool(np.allclose(np.asarray(fast), np.asarray(portable), atol=1e-5, rtol=1e-5))
 
 
 # === The scope that allows them ===
@@ -295,6 +325,115 @@ def gelu(x, approximate: bool = True):
     return keras.activations.gelu(x, approximate=False)
 
 
+class AttentionWeights(NamedTuple):
+    """Self-attention weights in the checkpoints' shapes: query, key and value kernels
+    (D, heads, head_dim) and biases (heads, head_dim); output kernel (heads, head_dim, D), bias (D,)."""
+
+    query_kernel: Any
+    query_bias: Any
+    key_kernel: Any
+    key_bias: Any
+    value_kernel: Any
+    value_bias: Any
+    output_kernel: Any
+    output_bias: Any
+
+
+class MlpWeights(NamedTuple):
+    """The MLP's kernels (D, mlp_dim), (mlp_dim, D) and biases."""
+
+    kernel_0: Any
+    bias_0: Any
+    kernel_1: Any
+    bias_1: Any
+
+
+class BlockWeights(NamedTuple):
+    """One encoder block: (gamma, beta) of each LayerNorm, the attention and the MLP weights."""
+
+    norm_attention: tuple
+    attention: AttentionWeights
+    norm_mlp: tuple
+    mlp: MlpWeights
+
+
+def self_attention(x, weights: AttentionWeights, num_heads: int, residual=None,
+                   dropout: Callable | None = None):
+    """Multi-head self-attention of `x` (B, T, D): `softmax(q k^T / sqrt(head_dim)) v` per head,
+    then the output projection, plus `residual` (B, T, D) if given.
+
+    One (D, 3D) QKV matmul on (B * T, D) rows (the kernels concatenated here, 1/sqrt(head_dim)
+    folded into the query's kernel and bias), batched matmuls for the logits and the context,
+    softmax in the compute dtype. `dropout` (training) is applied to the attention weights.
+    Returns (output (B, T, D), attention weights (B, heads, T, T)).
+    """
+    batch, tokens, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
+    head_dim = width // num_heads
+    # Scaling the (D, D) kernel costs D^2 multiplies instead of B*T*D; exact when head_dim is
+    # a power of four (16, 64), one rounding of the scale otherwise (H/14's 80).
+    scale = ops.cast(1.0 / math.sqrt(head_dim), x.dtype)
+    w = weights
+    qkv_kernel = ops.concatenate([ops.reshape(w.query_kernel, (width, width)) * scale,
+                                  ops.reshape(w.key_kernel, (width, width)),
+                                  ops.reshape(w.value_kernel, (width, width))], axis=1)
+    qkv_bias = ops.concatenate([ops.reshape(w.query_bias, (width,)) * scale, ops.reshape(w.key_bias, (width,)),
+                                ops.reshape(w.value_bias, (width,))], axis=0)
+    rows = ops.reshape(x, (-1, width))
+    qkv = ops.reshape(dense(rows, qkv_kernel, qkv_bias), (batch, tokens, 3, num_heads, head_dim))
+    # unstack, not qkv[i]: its gradient is one stack, where strided slices each
+    # scatter into a zero-filled copy of the whole tensor.
+    query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
+    # Softmax in the compute dtype: in bfloat16 oneDNN's softmax accumulates in float32 internally.
+    probs = ops.softmax(matmul_transposed(query, key), axis=-1)
+    context = ops.matmul(probs if dropout is None else dropout(probs), value)  # (B, H, T, hd)
+    context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
+    residual_rows = None if residual is None else ops.reshape(residual, (-1, width))
+    out = dense(context, ops.reshape(w.output_kernel, (width, width)), w.output_bias, residual=residual_rows)
+    return ops.reshape(out, (batch, tokens, width)), probs
+
+
+def mlp(x, weights: MlpWeights, gelu_approximate: bool = True, residual=None, training: bool = False,
+        dropout: Callable | None = None):
+    """Dense(mlp_dim) -> GELU -> Dense(D) of `x` (..., D), plus `residual` if given.
+
+    On (rows, D): outside training the GELU fuses into the first matmul and the residual add
+    into the second. `dropout` (training) follows the GELU and the second Dense.
+    """
+    width = x.shape[-1]
+    rows = ops.reshape(x, (-1, width))
+    if training:  # the GELU's input is kept for the backward pass, so it cannot fuse into the matmul
+        h = gelu(dense(rows, weights.kernel_0, weights.bias_0), gelu_approximate)
+    else:
+        h = dense(rows, weights.kernel_0, weights.bias_0, gelu=True, gelu_approximate=gelu_approximate)
+    residual_rows = None if residual is None else ops.reshape(residual, (-1, width))
+    if dropout is None:
+        out = dense(h, weights.kernel_1, weights.bias_1, residual=residual_rows)
+    else:
+        out = dropout(dense(dropout(h), weights.kernel_1, weights.bias_1))
+        out = out if residual_rows is None else residual_rows + out
+    return ops.reshape(out, ops.shape(x))
+
+
+def encoder_block(x, weights: BlockWeights, num_heads: int, epsilon: float, gelu_approximate: bool = True):
+    """Inference of one pre-norm encoder block (paper Eq. 2-3, dropout and drop path off):
+    `y = x + MHA(LN(x))`, `out = y + MLP(LN(y))`, each residual add fused into the projection
+    before it. With `xla_encoder_blocks`, a float32 block runs as one XLA-compiled function."""
+    if active().xla_encoder_blocks and keras.backend.standardize_dtype(x.dtype) == "float32":
+        return _compiled_encoder_block(x, weights, num_heads, epsilon, gelu_approximate)
+    return _encoder_block(x, weights, num_heads, epsilon, gelu_approximate)
+
+
+def _encoder_block(x, weights: BlockWeights, num_heads: int, epsilon: float, gelu_approximate: bool):
+    attended, _ = self_attention(layer_norm(x, *weights.norm_attention, epsilon), weights.attention, num_heads,
+                                 residual=x)
+    return mlp(layer_norm(attended, *weights.norm_mlp, epsilon), weights.mlp, gelu_approximate, residual=attended)
+
+
+def _portable_encoder_block(*args):
+    with cpu_kernels(False):  # XLA compiles the portable ops
+        return _encoder_block(*args)
+
+
 def _onednn_layer_norm(x, gamma, beta, epsilon: float):
     """oneDNN's fused LayerNorm forward; the backward is the closed-form LayerNorm gradient."""
     import tensorflow as tf
@@ -314,7 +453,7 @@ def _onednn_layer_norm(x, gamma, beta, epsilon: float):
     return forward(x, gamma, beta)
 
 
-def _xla_compiled(function):
+def _xla_compiled(function, reduce_retracing: bool = True):
     """`function` as an XLA-compiled tf.function, built on its first call (TensorFlow stays a lazy
     import); `.python_function` is the plain function."""
     compiled = None
@@ -324,10 +463,15 @@ def _xla_compiled(function):
         nonlocal compiled
         if compiled is None:
             import tensorflow as tf
-            compiled = tf.function(function, jit_compile=True, autograph=False, reduce_retracing=True)
+            compiled = tf.function(function, jit_compile=True, autograph=False, reduce_retracing=reduce_retracing)
         return compiled(*args)
     call.python_function = function
     return call
+
+
+# Static widths: one trace per block width, head count and input shape, shared by every block
+# that has them (XLA compiles each such trace once).
+_compiled_encoder_block = _xla_compiled(_portable_encoder_block, reduce_retracing=False)
 
 
 @_xla_compiled

@@ -14,7 +14,6 @@ GELU are options (`layer_norm_epsilon`, `gelu_approximate`) for checkpoints of P
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import keras
@@ -343,7 +342,8 @@ class LayerNorm(keras.layers.LayerNormalization):
 
 class _Projection(keras.layers.Layer):
     """Holds one projection's `kernel` and `bias` in the checkpoints' shapes, e.g. (D, heads,
-    head_dim) and (heads, head_dim) for the query; the attention layer computes with them."""
+    head_dim) and (heads, head_dim) for the query; the attention layer computes with them
+    (`keras_vit.kernels.self_attention`)."""
 
     def __init__(self, kernel_shape: tuple[int, ...], bias_shape: tuple[int, ...], kernel_initializer, **kwargs):
         super().__init__(**kwargs)
@@ -353,15 +353,6 @@ class _Projection(keras.layers.Layer):
     def build(self, input_shape=None):
         self.kernel = self.add_weight(name="kernel", shape=self.kernel_shape, initializer=self.kernel_initializer)
         self.bias = self.add_weight(name="bias", shape=self.bias_shape, initializer="zeros")
-
-    def matrix(self, scale: float | None = None):
-        """(kernel as (in, out), bias as (out,)), optionally both multiplied by `scale`."""
-        width_out = math.prod(self.bias_shape)
-        kernel, bias = ops.reshape(self.kernel, (-1, width_out)), ops.reshape(self.bias, (width_out,))
-        if scale is not None:
-            scale = ops.cast(scale, kernel.dtype)
-            kernel, bias = kernel * scale, bias * scale
-        return kernel, bias
 
 
 @_register
@@ -373,9 +364,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     head_dim)) and `attention_output` ((heads, head_dim, D), (D,)): the checkpoints' shapes and
     those of `keras.layers.MultiHeadAttention`, whose weight files load here unchanged.
 
-    Computed as one (D, 3D) QKV matmul on (batch * tokens, D) rows (the kernels concatenated
-    at call time, the 1/sqrt(head_dim) folded into the query's kernel and bias), batched
-    matmuls for the logits and the context, softmax in the compute dtype.
+    Computed by `keras_vit.kernels.self_attention`: one (D, 3D) QKV matmul on (batch * tokens,
+    D) rows, batched matmuls for the logits and the context, softmax in the compute dtype.
 
     Args:
         num_heads: int. Attention heads; the hidden size must be divisible by it.
@@ -413,26 +403,15 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
 
     def call(self, x, residual=None, training=None, return_attention_scores=False):
-        batch, tokens, width = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
-        heads, head_dim = self.num_heads, width // self.num_heads
-        # Scaling the (D, D) kernel costs D^2 multiplies instead of B*T*D; exact when head_dim is
-        # a power of four (16, 64), one rounding of the scale otherwise (H/14's 80).
-        query, query_bias = self.query_dense.matrix(1.0 / math.sqrt(head_dim))
-        (key, key_bias), (value, value_bias) = self.key_dense.matrix(), self.value_dense.matrix()
-        qkv = kernels.dense(ops.reshape(x, (-1, width)), ops.concatenate([query, key, value], axis=1),
-                            ops.concatenate([query_bias, key_bias, value_bias], axis=0))
-        qkv = ops.transpose(ops.reshape(qkv, (batch, tokens, 3, heads, head_dim)), (2, 0, 3, 1, 4))
-        # unstack, not qkv[i]: its gradient is one stack, where strided slices each
-        # scatter into a zero-filled copy of the whole tensor.
-        query, key, value = ops.unstack(qkv, 3, axis=0)
-        # Softmax in the compute dtype: in bfloat16 oneDNN's softmax accumulates in float32 internally.
-        probs = ops.softmax(kernels.matmul_transposed(query, key), axis=-1)
-        context = ops.matmul(self.dropout(probs, training=training), value)  # (B, H, T, hd)
-        context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
-        kernel, bias = self.output_dense.matrix()
-        rows = None if residual is None else ops.reshape(residual, (-1, width))
-        out = ops.reshape(kernels.dense(context, kernel, bias, residual=rows), (batch, tokens, width))
+        dropout = (lambda probs: self.dropout(probs, training=True)) if training and self.dropout_rate else None
+        out, probs = kernels.self_attention(x, self.projection_weights(), self.num_heads, residual, dropout)
         return (out, probs) if return_attention_scores else out
+
+    def projection_weights(self) -> kernels.AttentionWeights:
+        """The four projections' weights, in the compute dtype inside a call."""
+        return kernels.AttentionWeights(*(weight.value for sublayer in (self.query_dense, self.key_dense,
+                                                                        self.value_dense, self.output_dense)
+                                          for weight in (sublayer.kernel, sublayer.bias)))
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -455,8 +434,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
 class MlpBlock(keras.layers.Layer):
     """Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout.
 
-    Computed on (batch * tokens, D) rows, where TensorFlow's oneDNN remapper fuses MatMul +
-    BiasAdd + GELU (and the block's residual add) into one kernel each.
+    Computed by `keras_vit.kernels.mlp` on (batch * tokens, D) rows, where TensorFlow fuses
+    MatMul + BiasAdd (+ GELU, or + the block's residual add) into one kernel each.
 
     Args:
         mlp_dim: int. Hidden width.
@@ -489,21 +468,13 @@ class MlpBlock(keras.layers.Layer):
         self.dense_1.build((*input_shape[:-1], self.mlp_dim))
 
     def call(self, x, residual=None, training=None):
-        width = x.shape[-1]
-        rows = ops.reshape(x, (-1, width))
-        if training:  # the GELU's input is kept for the backward pass, so it cannot fuse into the matmul
-            h = kernels.gelu(kernels.dense(rows, self.dense_0.kernel, self.dense_0.bias), self.gelu_approximate)
-        else:
-            h = kernels.dense(rows, self.dense_0.kernel, self.dense_0.bias, gelu=True,
-                              gelu_approximate=self.gelu_approximate)
-        h = self.dropout(h, training=training)
-        residual_rows = None if residual is None else ops.reshape(residual, (-1, width))
-        if residual_rows is not None and not (training and self.dropout_rate):
-            out = kernels.dense(h, self.dense_1.kernel, self.dense_1.bias, residual=residual_rows)
-        else:
-            out = self.dropout(kernels.dense(h, self.dense_1.kernel, self.dense_1.bias), training=training)
-            out = out if residual_rows is None else residual_rows + out
-        return ops.reshape(out, ops.shape(x))
+        dropout = (lambda h: self.dropout(h, training=True)) if training and self.dropout_rate else None
+        return kernels.mlp(x, self.mlp_weights(), self.gelu_approximate, residual, bool(training), dropout)
+
+    def mlp_weights(self) -> kernels.MlpWeights:
+        """The two Dense layers' weights, in the compute dtype inside a call."""
+        return kernels.MlpWeights(self.dense_0.kernel.value, self.dense_0.bias.value,
+                                  self.dense_1.kernel.value, self.dense_1.bias.value)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -523,9 +494,11 @@ class TransformerBlock(keras.layers.Layer):
         out = y + DropPath(MLP(LN(y)))
 
     Sublayers carry the original checkpoint names: `LayerNorm_0`,
-    `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`. Where dropout and drop
-    path are identities (inference, or rates 0), each residual add is passed into the
-    projection before it, where it fuses into the matmul.
+    `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`. Inference runs
+    `keras_vit.kernels.encoder_block` on their weights (one XLA-compiled function on CPUs where
+    that is faster); training calls the sublayers. Where dropout and drop path are identities
+    (inference, or rates 0), each residual add is passed into the projection before it, where
+    it fuses into the matmul.
 
     Args:
         num_heads: int. Attention heads; the hidden size must be divisible by it.
@@ -570,6 +543,11 @@ class TransformerBlock(keras.layers.Layer):
             sublayer.build(input_shape)
 
     def call(self, x, training=None, return_attention_scores=False):
+        if not training and not return_attention_scores:
+            weights = kernels.BlockWeights(
+                (self.norm_attention.gamma.value, self.norm_attention.beta.value), self.attention.projection_weights(),
+                (self.norm_mlp.gamma.value, self.norm_mlp.beta.value), self.mlp.mlp_weights())
+            return kernels.encoder_block(x, weights, self.num_heads, self.layer_norm_epsilon, self.gelu_approximate)
         identity_branches = not training or not (self.dropout_rate or self.drop_path_rate)
         attended = self.attention(self.norm_attention(x), residual=x if identity_branches else None,
                                   training=training, return_attention_scores=return_attention_scores)

@@ -84,12 +84,13 @@ def test_choice_follows_the_cpu(flags, norm_dtypes, conv):
     assert choice.onednn_layer_norm == norm_dtypes
     assert choice.bfloat16_conv_projections is conv
     assert choice.xla_elementwise
+    assert not choice.xla_encoder_blocks  # TensorFlow on oneDNN keeps its fused oneDNN kernels
 
 
 def test_without_onednn_only_the_xla_loops_remain():
     """TF_ENABLE_ONEDNN_OPTS=0, or TensorFlow's default on AVX2-only CPUs."""
     choice = kernels.choose(kernels.Capabilities(AMX, onednn=False, onednn_layer_norm_op=True))
-    assert choice == kernels.KernelChoice(xla_elementwise=True)
+    assert choice == kernels.KernelChoice(xla_elementwise=True, xla_encoder_blocks=True)
 
 
 @pytest.mark.parametrize("capabilities", [
@@ -146,6 +147,42 @@ def test_each_kernel_alone_matches_the_portable_path(monkeypatch, block_and_toke
     portable = _traced(step, False)(x)
     _force(monkeypatch, choice)
     _assert_same(_traced(step, True)(x), portable)
+
+
+def _xla_functions(function, x) -> list[str]:
+    """Names of the functions XLA must compile in `function`'s graph."""
+    graph_def = function.get_concrete_function(x).graph.as_graph_def()
+    return [f.signature.name for f in graph_def.library.function
+            if f.attr["_XlaMustCompile"].b]
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_xla_encoder_blocks_match_the_portable_inference(monkeypatch, batch):
+    model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=3, classifier_activation=None)
+    randomize(model)
+    x = np.random.default_rng(batch).uniform(0, 255, (batch, 16, 16, 3)).astype("float32")
+    _force(monkeypatch, kernels.PORTABLE)
+    portable = model.predict(x, verbose=0)
+    _force(monkeypatch, kernels.KernelChoice(xla_encoder_blocks=True))
+    model.predict_function = None  # traced again, with the XLA blocks
+    fast = model.predict(x, verbose=0)
+    np.testing.assert_allclose(fast, portable, rtol=1e-5, atol=1e-5)
+    assert np.abs(portable).max() > 0.1  # the logits are not near zero
+    inference = _traced(lambda x: model(x, training=False), True)
+    assert len(_xla_functions(inference, tf.constant(x))) == 1  # both blocks call the same compiled function
+    assert not _xla_functions(_traced(lambda x: model(x, training=False), False), tf.constant(x))
+
+
+def test_xla_encoder_blocks_are_float32_inference_only(monkeypatch, block_and_tokens):
+    block, tokens = block_and_tokens
+    x = tf.constant(tokens)
+    _force(monkeypatch, kernels.KernelChoice(xla_encoder_blocks=True))
+    assert _xla_functions(_traced(lambda x: block(x, training=False), True), x)
+    assert not _xla_functions(_traced(lambda x: block(x, training=True), True), x)
+    assert not _xla_functions(_traced(lambda x: block(x, return_attention_scores=True)[0], True), x)
+    bf16_block = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64, dtype="mixed_bfloat16")
+    bf16_block.build((None, 9, 32))
+    assert not _xla_functions(_traced(lambda x: bf16_block(x, training=False), True), x)
 
 
 def test_bfloat16_projections_as_convolutions_match_the_matmuls(monkeypatch, block_and_tokens):
@@ -211,6 +248,22 @@ def test_failing_xla_probe_turns_the_elementwise_kernels_off(monkeypatch):
     assert not kernels.machine_choice().xla_elementwise
 
 
+def test_failing_or_wrong_xla_block_probe_turns_the_blocks_off(monkeypatch, caplog):
+    monkeypatch.setattr(kernels, "detect", lambda: kernels.Capabilities(AVX2, onednn=False))
+    assert kernels.machine_choice().xla_encoder_blocks  # the probe passes with the right maths
+    kernels.machine_choice.cache_clear()
+    monkeypatch.setattr(kernels, "_probe_xla_blocks", _raise_unavailable)
+    with caplog.at_level(logging.INFO, logger="keras_vit"):
+        choice = kernels.machine_choice()
+    assert not choice.xla_encoder_blocks and choice.xla_elementwise
+    assert "XLA encoder blocks unavailable on this machine" in caplog.text
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels, "detect", lambda: kernels.Capabilities(AVX2, onednn=False))
+    kernels.machine_choice.cache_clear()
+    monkeypatch.setattr(kernels, "_compiled_encoder_block", lambda x, *args: x)  # a wrong compiled result
+    assert not kernels.machine_choice().xla_encoder_blocks
+
+
 def test_internals_work_on_this_tensorflow():
     """Fails when a TensorFlow release moves an internal (the kernels would silently turn off)."""
     assert _tf_internals.op_registered("MatMul") and not _tf_internals.op_registered("NoSuchOp")
@@ -250,10 +303,12 @@ def test_fit_evaluate_predict_enter_the_scope_and_jit_compile_does_not(monkeypat
 
 
 def test_calls_and_exports_get_portable_ops(monkeypatch, tmp_path):
-    _force(monkeypatch, kernels.KernelChoice(onednn_layer_norm=frozenset({"float32"}), xla_elementwise=True))
+    _force(monkeypatch, kernels.KernelChoice(onednn_layer_norm=frozenset({"float32"}), xla_elementwise=True,
+                                             xla_encoder_blocks=True))
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=2)
     x = tf.ones((2, 16, 16, 3))
     assert not any(op.startswith("_Mkl") for op in _op_types(tf.function(model), x))
+    assert not _xla_functions(tf.function(model), x)
     model.export(str(tmp_path / "export"), verbose=False)
     saved = tf.saved_model.load(str(tmp_path / "export"))
     np.testing.assert_allclose(saved.serve(x), model(x), atol=1e-6)
