@@ -31,18 +31,27 @@ def onednn_enabled() -> bool:
         raise Unavailable(f"_pywrap_util_port.IsMklEnabled: {error}") from error
 
 
-def create_op(op_type: str, inputs, output_dtype, attrs: dict, name: str):
+def create_op(op_type: str, inputs, output_dtype, attrs: dict, name: str, kernel_label: str | None = None):
     """Adds an op that has no Python wrapper to the graph being traced; returns its first output.
 
-    `attrs` maps attribute names to a TensorFlow dtype or a float.
+    `attrs` maps attribute names to a TensorFlow dtype, a bool or a float. `kernel_label` picks a
+    kernel registered under that label (oneDNN's `_Mkl*` kernels are, as "MklNameChangeOp").
     """
     try:
         import tensorflow as tf
         from tensorflow.core.framework import attr_value_pb2
+
+        def proto(value):
+            if isinstance(value, tf.DType):
+                return attr_value_pb2.AttrValue(type=value.as_datatype_enum)
+            if isinstance(value, bool):
+                return attr_value_pb2.AttrValue(b=value)
+            return attr_value_pb2.AttrValue(f=value)
+
+        protos = {key: proto(value) for key, value in attrs.items()}
+        if kernel_label is not None:
+            protos["_kernel"] = attr_value_pb2.AttrValue(s=kernel_label.encode())
         graph = tf.compat.v1.get_default_graph()
-        protos = {key: (attr_value_pb2.AttrValue(type=value.as_datatype_enum) if isinstance(value, tf.DType)
-                        else attr_value_pb2.AttrValue(f=value)) for key, value in attrs.items()}
         return graph._create_op_internal(op_type, inputs, [output_dtype], name=name, attrs=protos).outputs[0]
     except (ImportError, AttributeError, TypeError) as error:
         raise Unavailable(f"Graph._create_op_internal: {error}") from error
-

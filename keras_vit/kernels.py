@@ -15,10 +15,15 @@ pays on the machine it runs on (`choose`):
   oneDNN gives its AMX kernel (its bfloat16 MatMul gets a generic gemm); AMX CPUs only.
 - `xla_elementwise`: the GELU (training) and the LayerNorm and GELU backward passes as small
   XLA-compiled loops on any CPU, after a one-time compile probe.
+- `onednn_batch_matmul`: the attention's batched matmuls (forward and backward) by oneDNN's
+  kernel (`_MklBatchMatMulV2`, in float32) where TensorFlow does not itself run on oneDNN
+  (where it does, its graph rewrite already uses that kernel); Eigen's is 2-4x slower for
+  these (B * heads, T, head_dim) shapes on AVX2. Probed once against the portable ops.
 - `xla_encoder_blocks`: the float32 inference of each encoder block (`encoder_block`) as one
   XLA-compiled function, shared by every block of the same width and input shape, where
-  TensorFlow does not run on oneDNN (its default on AVX2-only and non-Intel CPUs), after a
-  one-time probe against the portable ops.
+  TensorFlow does not run on oneDNN (its default on AVX2-only and non-Intel CPUs), for inputs
+  of at most `XLA_BLOCK_MAX_ROWS` tokens in all (larger or unknown batches do better on the
+  separate kernels), after a one-time probe against the portable ops.
 
 A GPU or TPU in sight, `jit_compile=True`, another Keras backend, eager execution, or
 `KERAS_VIT_KERNELS=portable` in the environment all mean the portable ops. Whatever is not
@@ -45,6 +50,11 @@ from keras_vit import _tf_internals
 logger = logging.getLogger("keras_vit")
 
 ONEDNN_LAYER_NORM = "_MklLayerNorm"
+ONEDNN_BATCH_MATMUL = "_MklBatchMatMulV2"
+ONEDNN_KERNEL_LABEL = "MklNameChangeOp"  # the label oneDNN's kernels are registered under
+# Batch * tokens up to which an XLA-compiled block beats the separate kernels (B/16 on the AVX2
+# CPU: 6% faster at 4 images of 197 tokens, 3% at 8, 7% slower at 16).
+XLA_BLOCK_MAX_ROWS = 2048
 ENV_SWITCH = "KERAS_VIT_KERNELS"  # "portable" turns every CPU-specific kernel off
 _GELU_C = math.sqrt(2.0 / math.pi)
 _GELU_K = 0.044715
@@ -60,6 +70,7 @@ class Capabilities:
     cpu_flags: frozenset[str] = frozenset()
     onednn: bool = False          # TensorFlow runs CPU ops through oneDNN
     onednn_layer_norm_op: bool = False  # oneDNN's LayerNorm op is registered
+    onednn_batch_matmul_op: bool = False  # oneDNN's batched matmul op is registered
     accelerator: bool = False     # a GPU or TPU is visible
 
     @property
@@ -83,6 +94,7 @@ class KernelChoice:
     onednn_layer_norm: frozenset[str] = frozenset()  # dtypes, of "float32" and "bfloat16"
     bfloat16_conv_projections: bool = False
     xla_elementwise: bool = False
+    onednn_batch_matmul: bool = False
     xla_encoder_blocks: bool = False
 
 
@@ -96,7 +108,9 @@ def choose(capabilities: Capabilities) -> KernelChoice:
     benchmarks/RESULTS.md): the XLA elementwise loops pay on AVX2 (with or without oneDNN) and
     on AMX CPUs; the oneDNN LayerNorm pays where TensorFlow runs on oneDNN
     (on the AVX2 CPU, where it does not by default, it gained nothing); the bfloat16
-    convolutions pay only with AMX. XLA-compiled encoder blocks pay in inference where
+    convolutions pay only with AMX. oneDNN's batched matmul, called directly, pays where
+    TensorFlow runs on Eigen (Ti/16 training: the attention matmuls 2-4x faster on the AVX2
+    CPU). XLA-compiled encoder blocks pay in inference where
     TensorFlow runs on Eigen (B/16: 12-18% faster on the AVX2 CPU); where it runs on oneDNN
     its fused oneDNN kernels are kept.
     """
@@ -109,6 +123,7 @@ def choose(capabilities: Capabilities) -> KernelChoice:
             norm_dtypes.add("bfloat16")
     return KernelChoice(onednn_layer_norm=frozenset(norm_dtypes),
                         bfloat16_conv_projections=capabilities.onednn and capabilities.amx, xla_elementwise=True,
+                        onednn_batch_matmul=not capabilities.onednn and capabilities.onednn_batch_matmul_op,
                         xla_encoder_blocks=not capabilities.onednn)
 
 
@@ -132,10 +147,11 @@ def detect() -> Capabilities:
     try:
         onednn = _tf_internals.onednn_enabled()
         layer_norm_op = _tf_internals.op_registered(ONEDNN_LAYER_NORM)
+        batch_matmul_op = _tf_internals.op_registered(ONEDNN_BATCH_MATMUL)
     except _tf_internals.Unavailable as error:
         logger.info("CPU kernels off: %s", error)
-        onednn = layer_norm_op = False
-    return Capabilities(cpu_flags(), onednn, layer_norm_op, accelerator)
+        onednn = layer_norm_op = batch_matmul_op = False
+    return Capabilities(cpu_flags(), onednn, layer_norm_op, batch_matmul_op, accelerator)
 
 
 _lock = threading.RLock()
@@ -150,8 +166,10 @@ def machine_choice() -> KernelChoice:
     norm_dtypes = frozenset(dtype for dtype in choice.onednn_layer_norm if _probe("oneDNN LayerNorm " + dtype,
                                                                                     _probe_layer_norm, dtype))
     xla = choice.xla_elementwise and _probe("XLA elementwise kernels", _probe_xla)
+    batch_matmul = choice.onednn_batch_matmul and _probe("oneDNN batched matmul", _probe_batch_matmul)
     blocks = choice.xla_encoder_blocks and _probe("XLA encoder blocks", _probe_xla_blocks)
-    choice = dataclasses.replace(choice, onednn_layer_norm=norm_dtypes, xla_elementwise=xla, xla_encoder_blocks=blocks)
+    choice = dataclasses.replace(choice, onednn_layer_norm=norm_dtypes, xla_elementwise=xla,
+                                 onednn_batch_matmul=batch_matmul, xla_encoder_blocks=blocks)
     logger.debug("CPU kernels: %s", choice)
     return choice
 
@@ -190,6 +208,27 @@ def _probe_xla() -> bool:
     x = tf.constant(np.linspace(-3, 3, 24, dtype="float32").reshape(4, 6))
     expected = keras.activations.gelu(x, approximate=True)
     return bool(np.allclose(np.asarray(_gelu_forward(x)), np.asarray(expected), atol=1e-6))
+
+
+def _probe_batch_matmul() -> bool:
+    """The forward and both gradients of each batched matmul the attention uses, against Eigen's."""
+    import numpy as np
+    import tensorflow as tf
+    rng = np.random.default_rng(0)
+    a, b = (tf.constant(rng.normal(size=(3, 5, 4)), tf.float32) for _ in range(2))
+    probs = tf.constant(rng.normal(size=(3, 5, 5)), tf.float32)
+
+    def with_gradients(function, x, y):  # graph gradients: the probe runs where tapes are paused
+        out = function(x, y)
+        return [out, *tf.gradients(tf.reduce_sum(out * tf.cos(out)), [x, y])]
+
+    def run(transposed, plain):
+        return tf.function(lambda a, b, probs: with_gradients(transposed, a, b) + with_gradients(plain, probs, b),
+                           autograph=False)(a, b, probs)
+
+    fast = run(lambda x, y: _onednn_batch_matmul(x, y, adjoint_b=True), _onednn_batch_matmul)
+    portable = run(lambda x, y: tf.linalg.matmul(x, y, adjoint_b=True), tf.linalg.matmul)
+    return all(np.allclose(np.asarray(f), np.asarray(p), atol=1e-5, rtol=1e-5) for f, p in zip(fast, portable))
 
 
 def _probe_xla_blocks() -> bool:
@@ -290,7 +329,35 @@ def matmul_transposed(a, b):
     if keras.backend.backend() != "tensorflow":
         return ops.matmul(a, ops.swapaxes(b, -1, -2))
     import tensorflow as tf
+    if a.dtype == tf.float32 and active().onednn_batch_matmul:
+        return _onednn_batch_matmul(a, b, adjoint_b=True)
     return tf.linalg.matmul(a, b, transpose_b=True)
+
+
+def batch_matmul(a, b):
+    """a @ b over the last two axes (leading axes batched)."""
+    if keras.backend.backend() == "tensorflow" and a.dtype == "float32" and active().onednn_batch_matmul:
+        return _onednn_batch_matmul(a, b)
+    return ops.matmul(a, b)
+
+
+def _onednn_batch_matmul(a, b, adjoint_b: bool = False):
+    """a @ b (or a @ b^T) by oneDNN's batched matmul; the gradients are batched matmuls by it too."""
+    import tensorflow as tf
+
+    def matmul(x, y, adj_x=False, adj_y=False):
+        return _tf_internals.create_op(ONEDNN_BATCH_MATMUL, [x, y], x.dtype, {"T": x.dtype, "adj_x": adj_x,
+                                       "adj_y": adj_y}, name="onednn_batch_matmul", kernel_label=ONEDNN_KERNEL_LABEL)
+
+    @tf.custom_gradient
+    def forward(a, b):
+        def backward(grad):
+            if adjoint_b:  # c = a b^T: da = g b, db = g^T a
+                return matmul(grad, b), matmul(grad, a, adj_x=True)
+            return matmul(grad, b, adj_y=True), matmul(a, grad, adj_x=True)  # c = a b: da = g b^T, db = a^T g
+        return matmul(a, b, adj_y=adjoint_b), backward
+
+    return forward(a, b)
 
 
 def layer_norm(x, gamma, beta, epsilon: float):
@@ -385,7 +452,7 @@ def self_attention(x, weights: AttentionWeights, num_heads: int, residual=None,
     query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
     # Softmax in the compute dtype: in bfloat16 oneDNN's softmax accumulates in float32 internally.
     probs = ops.softmax(matmul_transposed(query, key), axis=-1)
-    context = ops.matmul(probs if dropout is None else dropout(probs), value)  # (B, H, T, hd)
+    context = batch_matmul(probs if dropout is None else dropout(probs), value)  # (B, H, T, hd)
     context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
     residual_rows = None if residual is None else ops.reshape(residual, (-1, width))
     out = dense(context, ops.reshape(w.output_kernel, (width, width)), w.output_bias, residual=residual_rows)
@@ -417,8 +484,11 @@ def mlp(x, weights: MlpWeights, gelu_approximate: bool = True, residual=None, tr
 def encoder_block(x, weights: BlockWeights, num_heads: int, epsilon: float, gelu_approximate: bool = True):
     """Inference of one pre-norm encoder block (paper Eq. 2-3, dropout and drop path off):
     `y = x + MHA(LN(x))`, `out = y + MLP(LN(y))`, each residual add fused into the projection
-    before it. With `xla_encoder_blocks`, a float32 block runs as one XLA-compiled function."""
-    if active().xla_encoder_blocks and keras.backend.standardize_dtype(x.dtype) == "float32":
+    before it. With `xla_encoder_blocks`, a float32 block of a statically known batch of at most
+    `XLA_BLOCK_MAX_ROWS` tokens in all runs as one XLA-compiled function."""
+    batch, tokens = x.shape[0], x.shape[1]
+    small = batch is not None and tokens is not None and batch * tokens <= XLA_BLOCK_MAX_ROWS
+    if small and active().xla_encoder_blocks and keras.backend.standardize_dtype(x.dtype) == "float32":
         return _compiled_encoder_block(x, weights, num_heads, epsilon, gelu_approximate)
     return _encoder_block(x, weights, num_heads, epsilon, gelu_approximate)
 

@@ -85,12 +85,15 @@ def test_choice_follows_the_cpu(flags, norm_dtypes, conv):
     assert choice.bfloat16_conv_projections is conv
     assert choice.xla_elementwise
     assert not choice.xla_encoder_blocks  # TensorFlow on oneDNN keeps its fused oneDNN kernels
+    assert not choice.onednn_batch_matmul  # and rewrites its batched matmuls to oneDNN's itself
 
 
 def test_without_onednn_only_the_xla_loops_remain():
     """TF_ENABLE_ONEDNN_OPTS=0, or TensorFlow's default on AVX2-only CPUs."""
     choice = kernels.choose(kernels.Capabilities(AMX, onednn=False, onednn_layer_norm_op=True))
     assert choice == kernels.KernelChoice(xla_elementwise=True, xla_encoder_blocks=True)
+    choice = kernels.choose(kernels.Capabilities(AVX2, onednn=False, onednn_batch_matmul_op=True))
+    assert choice == kernels.KernelChoice(xla_elementwise=True, onednn_batch_matmul=True, xla_encoder_blocks=True)
 
 
 @pytest.mark.parametrize("capabilities", [
@@ -130,6 +133,8 @@ def test_machine_kernels_match_the_portable_path_forward_and_gradients(block_and
     fast_ops, portable_ops = _op_types(fast, x), _op_types(portable, x)
     if "float32" in kernels.machine_choice().onednn_layer_norm:
         assert kernels.ONEDNN_LAYER_NORM in fast_ops
+    if kernels.machine_choice().onednn_batch_matmul:
+        assert kernels.ONEDNN_BATCH_MATMUL in fast_ops
     assert not any(op.startswith("_Mkl") for op in portable_ops)
     _assert_same(fast(x), portable(x))
 
@@ -137,10 +142,13 @@ def test_machine_kernels_match_the_portable_path_forward_and_gradients(block_and
 @pytest.mark.parametrize("choice", [
     kernels.KernelChoice(onednn_layer_norm=frozenset({"float32"})),
     kernels.KernelChoice(xla_elementwise=True),
+    kernels.KernelChoice(onednn_batch_matmul=True),
 ])
 def test_each_kernel_alone_matches_the_portable_path(monkeypatch, block_and_tokens, choice):
     if choice.onednn_layer_norm and not kernels.detect().onednn_layer_norm_op:
         pytest.skip("this TensorFlow build has no oneDNN LayerNorm op")
+    if choice.onednn_batch_matmul and not kernels.detect().onednn_batch_matmul_op:
+        pytest.skip("this TensorFlow build has no oneDNN batched matmul op")
     block, tokens = block_and_tokens
     x = tf.constant(tokens)
     step = lambda x: _output_and_gradients(block, x)  # noqa: E731
@@ -171,6 +179,17 @@ def test_xla_encoder_blocks_match_the_portable_inference(monkeypatch, batch):
     inference = _traced(lambda x: model(x, training=False), True)
     assert len(_xla_functions(inference, tf.constant(x))) == 1  # both blocks call the same compiled function
     assert not _xla_functions(_traced(lambda x: model(x, training=False), False), tf.constant(x))
+
+
+def test_xla_encoder_blocks_only_for_small_known_batches(monkeypatch):
+    model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=3)
+    _force(monkeypatch, kernels.KernelChoice(xla_encoder_blocks=True))
+    inference = _traced(lambda x: model(x, training=False), True)
+    tokens = 5  # a 2x2 grid and the class token
+    small = kernels.XLA_BLOCK_MAX_ROWS // tokens
+    assert _xla_functions(inference, tf.TensorSpec((small, 16, 16, 3)))
+    assert not _xla_functions(inference, tf.TensorSpec((small + 1, 16, 16, 3)))
+    assert not _xla_functions(inference, tf.TensorSpec((None, 16, 16, 3)))
 
 
 def test_xla_encoder_blocks_are_float32_inference_only(monkeypatch, block_and_tokens):
@@ -248,6 +267,21 @@ def test_failing_xla_probe_turns_the_elementwise_kernels_off(monkeypatch):
     assert not kernels.machine_choice().xla_elementwise
 
 
+def test_failing_batch_matmul_op_fails_its_probe_and_outputs_stay_right(monkeypatch, block_and_tokens, caplog):
+    block, tokens = block_and_tokens
+    x = tf.constant(tokens)
+    step = lambda x: _output_and_gradients(block, x)  # noqa: E731
+    portable = _traced(step, False)(x)
+    monkeypatch.setattr(kernels, "detect", lambda: kernels.Capabilities(AVX2, onednn_batch_matmul_op=True))
+    monkeypatch.setattr(_tf_internals, "create_op", _raise_unavailable)
+    with caplog.at_level(logging.INFO, logger="keras_vit"):
+        assert not kernels.machine_choice().onednn_batch_matmul
+        fast = _traced(step, True)
+        _assert_same(fast(x), portable)
+    assert kernels.ONEDNN_BATCH_MATMUL not in _op_types(fast, x)
+    assert "oneDNN batched matmul unavailable on this machine" in caplog.text
+
+
 def test_failing_or_wrong_xla_block_probe_turns_the_blocks_off(monkeypatch, caplog):
     monkeypatch.setattr(kernels, "detect", lambda: kernels.Capabilities(AVX2, onednn=False))
     assert kernels.machine_choice().xla_encoder_blocks  # the probe passes with the right maths
@@ -273,6 +307,10 @@ def test_internals_work_on_this_tensorflow():
         x = tf.constant([1.0, -2.0])
         y = _tf_internals.create_op("Relu", [x], tf.float32, {"T": tf.float32}, name="relu")
     assert y.op.type == "Relu"
+    with graph.as_default():  # bool attributes
+        product = _tf_internals.create_op("MatMul", [tf.ones((2, 3)), tf.ones((4, 3))], tf.float32,
+                                          {"T": tf.float32, "transpose_b": True}, name="matmul")
+    assert product.shape == (2, 4)
 
 
 # --- where the scope is entered: Keras steps of a ViTModel, never exports ---
