@@ -1,7 +1,8 @@
 """The maths of the encoder block, and the choice of CPU-specific kernels for it.
 
-Every keras_vit layer computes through the functions here (`dense`, `layer_norm`,
-`gelu_tanh`, `matmul_transposed`). By default they emit portable ops, the same on every
+Every keras_vit layer computes through the functions here: the block (`encoder_block`,
+`self_attention`, `mlp`) and its parts (`dense`, `layer_norm`, `gelu`, `matmul_transposed`,
+`batch_matmul`). By default they emit portable ops, the same on every
 backend, device and TensorFlow build. Inside a `cpu_kernels()` scope, which
 `keras_vit.models.ViTModel` enters in its `train_step` / `test_step` / `predict_step` (so
 `fit`, `evaluate` and `predict`, never exports or your own `tf.function`), the TensorFlow

@@ -342,7 +342,7 @@ def test_fit_evaluate_predict_enter_the_scope_and_jit_compile_does_not(monkeypat
 
 def test_calls_and_exports_get_portable_ops(monkeypatch, tmp_path):
     _force(monkeypatch, kernels.KernelChoice(onednn_layer_norm=frozenset({"float32"}), xla_elementwise=True,
-                                             xla_encoder_blocks=True))
+                                             onednn_batch_matmul=True, xla_encoder_blocks=True))
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=2)
     x = tf.ones((2, 16, 16, 3))
     assert not any(op.startswith("_Mkl") for op in _op_types(tf.function(model), x))
