@@ -1,8 +1,8 @@
 """The maths of the encoder block, and the choice of CPU-specific kernels for it.
 
 Every keras_vit layer computes through the functions here: the block (`encoder_block`,
-`self_attention`, `mlp`) and its parts (`dense`, `layer_norm`, `gelu`, `matmul_transposed`,
-`batch_matmul`). By default they emit portable ops, the same on every
+`self_attention`, `mlp`) and its parts (`dense`, `layer_norm`, `gelu`, `batch_matmul`).
+By default they emit portable ops, the same on every
 backend, device and TensorFlow build. Inside a `cpu_kernels()` scope, which
 `keras_vit.models.ViTModel` enters in its `train_step` / `test_step` / `predict_step` (so
 `fit`, `evaluate` and `predict`, never exports or your own `tf.function`), the TensorFlow
@@ -325,21 +325,15 @@ def dense(x, kernel, bias, gelu: bool = False, residual=None, gelu_approximate: 
     return y if residual is None else residual + y
 
 
-def matmul_transposed(a, b):
-    """a @ b^T over the last two axes, with no transpose op in the forward or backward graph."""
+def batch_matmul(a, b, transpose_b: bool = False):
+    """a @ b (a @ b^T with `transpose_b`) over the last two axes, leading axes batched; with
+    `transpose_b` no transpose op appears in the forward or backward graph."""
     if keras.backend.backend() != "tensorflow":
-        return ops.matmul(a, ops.swapaxes(b, -1, -2))
+        return ops.matmul(a, ops.swapaxes(b, -1, -2) if transpose_b else b)
     import tensorflow as tf
     if a.dtype == tf.float32 and active().onednn_batch_matmul:
-        return _onednn_batch_matmul(a, b, adjoint_b=True)
-    return tf.linalg.matmul(a, b, transpose_b=True)
-
-
-def batch_matmul(a, b):
-    """a @ b over the last two axes (leading axes batched)."""
-    if keras.backend.backend() == "tensorflow" and a.dtype == "float32" and active().onednn_batch_matmul:
-        return _onednn_batch_matmul(a, b)
-    return ops.matmul(a, b)
+        return _onednn_batch_matmul(a, b, adjoint_b=transpose_b)
+    return tf.linalg.matmul(a, b, transpose_b=transpose_b)
 
 
 def _onednn_batch_matmul(a, b, adjoint_b: bool = False):
@@ -452,7 +446,7 @@ def self_attention(x, weights: AttentionWeights, num_heads: int, residual=None,
     # scatter into a zero-filled copy of the whole tensor.
     query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
     # Softmax in the compute dtype: in bfloat16 oneDNN's softmax accumulates in float32 internally.
-    probs = ops.softmax(matmul_transposed(query, key), axis=-1)
+    probs = ops.softmax(batch_matmul(query, key, transpose_b=True), axis=-1)
     context = batch_matmul(probs if dropout is None else dropout(probs), value)  # (B, H, T, hd)
     context = ops.reshape(ops.transpose(context, (0, 2, 1, 3)), (-1, width))
     residual_rows = None if residual is None else ops.reshape(residual, (-1, width))
