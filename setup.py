@@ -7,16 +7,23 @@ The repository's `training/` and `export/` folders are installed as `keras_vit.t
 `keras_vit.export` (no generic top-level names in site-packages); the command lines are console scripts.
 """
 
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
+# The one version string, also `keras_vit.__version__` (read as text: importing keras_vit needs Keras).
+VERSION = re.search(r'__version__ = "([^"]+)"', Path(__file__).with_name("keras_vit").joinpath(
+    "_version.py").read_text(encoding="utf-8")).group(1)
 TENSORFLOW = "tensorflow>=2.19,<3"
 EXTRAS = {
     # Training and export run on TensorFlow (tf.distribute, tf.data, SavedModel, TFLite).
     "tensorflow": [TENSORFLOW],
     # Training: input pipelines (TFDS; importlib-resources is an undeclared need of tfds 4.9), absl flags,
-    # and the embedded digits dataset shipped inside scikit-learn.
+    # the embedded digits dataset shipped inside scikit-learn, and TensorBoard, which the TensorBoard callback
+    # of every run needs for tf.summary (TensorFlow stopped depending on it in 2.20).
     "training": [TENSORFLOW, "tensorflow-datasets>=4.9.4,<5", "importlib-resources>=6", "absl-py>=2.1",
-                 "scikit-learn>=1.5"],
+                 "scikit-learn>=1.5", "tensorboard>=2.19,<3"],
     # Export: the LiteRT interpreter (tf.lite.Interpreter is deprecated) and the embedded calibration images.
     # TF Serving's warmup requests are written without tensorflow-serving-api, which pins its own TensorFlow.
     "export": [TENSORFLOW, "ai-edge-litert>=2.0,<3", "scikit-learn>=1.5"],
@@ -40,7 +47,7 @@ COMMANDS = {
 
 setup(
     name="keras_vit",
-    version="0.2.0",
+    version=VERSION,
     description="Vision Transformer (ViT) models, layers and pretrained weights for Keras 3",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
@@ -48,7 +55,8 @@ setup(
     package_dir={"keras_vit.training": "training", "keras_vit.export": "export"},
     package_data={"keras_vit": ["data/*"]},
     python_requires=">=3.10",
-    install_requires=["keras>=3.10,<4", "numpy>=1.26"],
+    # absl: keras-vit-train's flags (its --help works on this base install).
+    install_requires=["keras>=3.10,<4", "numpy>=1.26", "absl-py>=2.1"],
     extras_require=EXTRAS,
     entry_points={"console_scripts": [f"{name}={target}" for name, target in COMMANDS.items()]},
     license="Apache-2.0",

@@ -1,14 +1,17 @@
-"""What the command lines share: the model-selection flags and reading image files."""
+"""What the command lines share: the model-selection flags and reading image files.
+
+Imports nothing heavy at module level, so that every parser, and `--help`, works on the base install.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import keras
 import numpy as np
 
-from keras_vit import models
+if TYPE_CHECKING:
+    import keras
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +38,8 @@ def model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """The model the `add_model_arguments` flags select."""
     if args.weights and not args.variant:
         parser.error("--weights needs --variant (a .keras model carries its own weights).")
+    from keras_vit import models
+
     height, width = image_size(parser, args.image_size)
     return models.load_or_build(args.model, variant=args.variant, weights=args.weights,
                                 input_shape=(height, width, 3), classes=args.classes)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from keras_vit import convert, torch_checkpoints
+from keras_vit import cli
 from keras_vit.cli import common
 
 
@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    cli.require("keras-vit-convert", None)
+    from keras_vit import convert, torch_checkpoints
+
     image_size = common.image_size(parser, args.image_size) if args.image_size else None
     safetensors = args.checkpoint.endswith(".safetensors")
     suffixes = (".weights.h5", ".keras") if safetensors else (".weights.h5",)

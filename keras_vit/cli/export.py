@@ -10,8 +10,13 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
+from keras_vit import cli
 from keras_vit.cli import common
-from keras_vit.export import saved_model, serving
+
+# keras_vit.export.serving's defaults, spelled here so that --help needs no TensorFlow (a test checks that
+# they agree).
+DEFAULT_MAX_PIXELS = 40_000_000
+DEFAULT_MAX_BATCH = 256
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,17 +27,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", type=int, help="version number (default: next free)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
     parser.add_argument("--top-k", type=int, default=5, help="classes/scores returned per image (default: 5)")
-    parser.add_argument("--max-pixels", type=int, default=serving.DEFAULT_MAX_PIXELS,
+    parser.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
                         help="largest height*width per image; larger ones are refused with INVALID_ARGUMENT "
-                             f"before decoding (default: {serving.DEFAULT_MAX_PIXELS:,})")
-    parser.add_argument("--max-batch", type=int, default=serving.DEFAULT_MAX_BATCH,
-                        help=f"most images per request (default: {serving.DEFAULT_MAX_BATCH})")
+                             f"before decoding (default: {DEFAULT_MAX_PIXELS:,})")
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                        help=f"most images per request (default: {DEFAULT_MAX_BATCH})")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    cli.require("keras-vit-export", "export")
+    from keras_vit.export import saved_model, serving
+
     model = common.model_from_args(parser, args)
     class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines() if args.class_names else None
     path = saved_model.export_saved_model(model, args.out, version=args.version, overwrite=args.overwrite,

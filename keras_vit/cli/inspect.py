@@ -11,13 +11,17 @@ from typing import Sequence
 
 import numpy as np
 
-from keras_vit import inspect
+from keras_vit import cli
 from keras_vit.cli import common
+
+# keras_vit.inspect.FIGURES, spelled here so that --help needs no backend (a test checks that they agree).
+FIGURES = ("attention_rollout.png", "mean_attention_distance.png", "position_embedding_similarity.png",
+           "embedding_filters.png")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keras-vit-inspect", description=__doc__.split("\n\n")[0],
-                                     epilog=f"Writes {', '.join(inspect.FIGURES)} to --out.")
+                                     epilog=f"Writes {', '.join(FIGURES)} to --out.")
     common.add_model_arguments(parser)
     parser.add_argument("--image", nargs="+", required=True,
                         help="image file(s); resized to the model input. The rollout uses the first, "
@@ -30,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    cli.require("keras-vit-inspect", "inspect")
+    from keras_vit import inspect
+
     model = common.model_from_args(parser, args)
     height, width, channels = model.inputs[0].shape[1:]
     images = np.stack([common.load_image(path, height, width, channels) for path in args.image])

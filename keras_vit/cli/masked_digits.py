@@ -11,6 +11,8 @@ import argparse
 import json
 from typing import Sequence
 
+from keras_vit import cli
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keras-vit-masked-digits", description=__doc__.split("\n\n")[0])
@@ -28,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    cli.require("keras-vit-masked-digits", "training")
     from keras_vit.training import masked_digits
 
     result = masked_digits.measure(args.workdir, args.pretrain_epochs, args.classifier, args.shots, args.seeds,

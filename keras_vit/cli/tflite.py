@@ -9,8 +9,13 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
+from keras_vit import cli
 from keras_vit.cli import common
-from keras_vit.export import ALL_MODES, data, tflite
+
+# keras_vit.export's ALL_MODES and data.DATASETS, spelled here so that --help needs no TensorFlow (a test
+# checks that they agree).
+MODES = ("float32", "float16", "dynamic_int8", "int8")
+DATASETS = ("digits", "photos")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,15 +24,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="output directory for .tflite files and the report")
     images = parser.add_mutually_exclusive_group()
     images.add_argument("--images", help="directory of real images for calibration and checks")
-    images.add_argument("--dataset", choices=data.DATASETS, default="digits",
+    images.add_argument("--dataset", choices=DATASETS, default="digits",
                         help="embedded real images when no --images (default: digits)")
-    parser.add_argument("--modes", nargs="+", choices=ALL_MODES, default=list(ALL_MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    cli.require("keras-vit-tflite", "export")
+    from keras_vit.export import tflite
+
     model = common.model_from_args(parser, args)
     report = tflite.export_tflite(model, args.out, dataset=args.images or args.dataset, modes=args.modes)
     print(tflite.markdown_report(report))

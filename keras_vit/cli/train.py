@@ -9,25 +9,29 @@ Run the same command again after a crash to resume from `workdir/backup/`. Runs 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
 
 from absl import app, flags
 
-from keras_vit.training import configs, distribute
+from keras_vit import cli
 
-_CONFIG = flags.DEFINE_enum("config", "pretrain", sorted(configs.RECIPES),
+# keras_vit.training's configs.RECIPES and distribute.STRATEGIES, spelled here so that --help needs no
+# TensorFlow (a test checks that they agree).
+RECIPES = ("digits", "finetune", "masked_patches", "pretrain")
+STRATEGIES = ("auto", "default", "mirrored", "multiworker", "tpu")
+
+_CONFIG = flags.DEFINE_enum("config", "pretrain", list(RECIPES),
                             "Named recipe: pretrain (paper Table 3, AdamW), finetune (Table 4, SGD; needs "
                             "--override weights=...), digits (small ViT on the embedded digits), masked_patches "
                             "(self-supervised masked patch prediction, Sec. 4.6; labels ignored).")
 _OVERRIDE = flags.DEFINE_multi_string(
     "override", [], "key=value changing one config field, repeatable, e.g. --override lr=0.01 "
-    f"--override batch_size=512. Fields: {', '.join(f.name for f in dataclasses.fields(configs.Config))}.")
+    "--override batch_size=512. --print_config lists the fields and their values.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (backups, checkpoints, TensorBoard, model.keras, "
                                "model.eval.json). Rerunning with the same workdir resumes.")
-_STRATEGY = flags.DEFINE_enum("strategy", "auto", list(distribute.STRATEGIES),
+_STRATEGY = flags.DEFINE_enum("strategy", "auto", list(STRATEGIES),
                               "tf.distribute strategy: auto (tpu if --tpu, multiworker if TF_CONFIG is set, "
                               "mirrored on several GPUs, else default), default (one device), mirrored (local "
                               "GPUs or logical CPUs), multiworker (hosts from TF_CONFIG), tpu.")
@@ -43,9 +47,12 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    cli.require("keras-vit-train", "training")
+    import dataclasses
+
     import tensorflow as tf
 
-    from keras_vit.training import trainer
+    from keras_vit.training import configs, distribute, trainer
 
     logging.getLogger().setLevel(logging.INFO)
     config = configs.apply_overrides(configs.get_config(_CONFIG.value), _OVERRIDE.value)

@@ -1,0 +1,246 @@
+"""What each part of the package imports is declared by the extra that installs it, and each command says
+which extra to install when it is missing.
+
+`setup.py` is the one source of the declarations: it is executed here with `setuptools.setup` captured.
+The fresh-environment runs of `.ci/packaging` (base install; `[training,export]` on the newest TensorFlow)
+check the same from the outside.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.metadata
+import os
+import pathlib
+import re
+import runpy
+import sys
+from unittest import mock
+
+import pytest
+import setuptools
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Calls that need a distribution which no import names: the distribution, and the text of the call.
+CALLS_NEEDING = {"tensorboard": ("keras.callbacks.TensorBoard(", "tf.summary.")}
+
+
+def _setup_arguments() -> dict:
+    """The keyword arguments `setup.py` passes to `setuptools.setup` (run from the repository root)."""
+    captured, cwd = {}, os.getcwd()
+    with mock.patch.object(setuptools, "setup", lambda **kwargs: captured.update(kwargs)):
+        try:
+            os.chdir(ROOT)
+            runpy.run_path(str(ROOT / "setup.py"))
+        finally:
+            os.chdir(cwd)
+    return captured
+
+
+def _names(requirements) -> set[str]:
+    return {_normalize(re.match(r"[A-Za-z0-9._-]+", req).group(0)) for req in requirements}
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+SETUP = _setup_arguments()
+BASE = _names(SETUP["install_requires"])
+EXTRAS = {extra: _names(reqs) for extra, reqs in SETUP["extras_require"].items()}
+DISTRIBUTIONS = {module: {_normalize(d) for d in dists}
+                 for module, dists in importlib.metadata.packages_distributions().items()}
+
+
+def _imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
+    """The top-level modules a file imports at module level, and inside functions."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    module_level, in_functions = set(), set()
+
+    def visit(node, inside_function):
+        for child in ast.iter_child_nodes(node):
+            nested = inside_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                names = {alias.name.split(".")[0] for alias in child.names}
+            elif isinstance(child, ast.ImportFrom) and child.level == 0:
+                names = {child.module.split(".")[0]}
+            else:
+                names = set()
+            (in_functions if inside_function else module_level).update(names)
+            visit(child, nested)
+
+    visit(tree, False)
+    return module_level, in_functions
+
+
+def _distributions(modules: set[str], where: str) -> set[str]:
+    found = set()
+    for module in modules - set(sys.stdlib_module_names) - {"keras_vit", "__future__"}:
+        assert module in DISTRIBUTIONS, f"{where} imports {module!r}, which no installed distribution provides"
+        found |= DISTRIBUTIONS[module]
+    return found
+
+
+def _calls(path: pathlib.Path) -> set[str]:
+    text = path.read_text(encoding="utf-8")
+    return {dist for dist, calls in CALLS_NEEDING.items() if any(call in text for call in calls)}
+
+
+def _files(folder: str):
+    return sorted(p for p in (ROOT / folder).glob("*.py"))
+
+
+def _command_extra(path: pathlib.Path) -> str | None:
+    match = re.search(r'cli\.require\("[^"]+", (?:"(\w+)"|None)\)', path.read_text(encoding="utf-8"))
+    assert match, f"{path.name} does not call cli.require(command, extra) before its heavy imports"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("folder, extra", [("training", "training"), ("export", "export")])
+def test_subpackage_uses_only_what_its_extra_declares(folder, extra):
+    declared = BASE | EXTRAS[extra]
+    for path in _files(folder):
+        module_level, in_functions = _imports(path)
+        used = _distributions(module_level | in_functions, path.name) | _calls(path)
+        assert used <= declared, (f"{folder}/{path.name} uses {sorted(used - declared)}, which "
+                                  f"keras_vit[{extra}] does not declare in setup.py")
+
+
+def test_library_core_imports_optional_distributions_only_inside_functions():
+    optional = set().union(*(EXTRAS[e] for e in ("tensorflow", "training", "export", "inspect")))
+    for path in _files("keras_vit"):
+        module_level, in_functions = _imports(path)
+        top = _distributions(module_level, path.name)
+        if path.name == "image_io.py":  # tf.data image decoding, imported only by training/ and export/
+            top -= EXTRAS["tensorflow"]
+        assert top <= BASE, f"keras_vit/{path.name} imports {sorted(top - BASE)} at module level"
+        lazy = _distributions(in_functions, path.name) | _calls(path)
+        assert lazy <= BASE | optional, f"keras_vit/{path.name} uses undeclared {sorted(lazy - BASE - optional)}"
+
+
+def test_each_command_imports_its_extra_only_after_requiring_it():
+    commands = dict(entry.split("=") for entry in SETUP["entry_points"]["console_scripts"])
+    for command, target in commands.items():
+        path = ROOT / (target.split(":")[0].replace(".", "/") + ".py")
+        module_level, in_functions = _imports(path)
+        top = _distributions(module_level, path.name)
+        assert top <= BASE, f"{command}: {path.name} imports {sorted(top - BASE)} before --help can run"
+        extra = _command_extra(path)
+        declared = BASE | (EXTRAS[extra] if extra else set()) | EXTRAS["tensorflow"]
+        lazy = _distributions(in_functions, path.name)
+        assert lazy <= declared, f"{command} imports {sorted(lazy - declared)}, not in keras_vit[{extra}]"
+
+
+def test_one_version_string():
+    import keras_vit
+    assert keras_vit.__version__ == SETUP["version"]
+    try:
+        installed = importlib.metadata.version("keras_vit")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("keras_vit is not installed (a source tree on sys.path)")
+    assert installed == keras_vit.__version__
+
+
+# ---------------------------------------------------------------------------------------
+# Commands: --help without a backend, one line naming the missing extra
+# ---------------------------------------------------------------------------------------
+
+_NO_BACKEND = """
+import sys
+sys.modules["keras"] = None  # `import keras` raises ImportError, as on the base install (no backend)
+import keras_vit
+print("version", keras_vit.__version__)
+from keras_vit.cli import {module}
+try:
+    {module}.{entry}()
+except SystemExit as done:
+    print("exit", done.code)
+"""
+
+COMMANDS = [("train", "run"), ("export", "main"), ("tflite", "main"), ("inspect", "main"), ("convert", "main"),
+            ("fewshot", "main"), ("masked_digits", "main")]
+
+
+@pytest.mark.parametrize("module, entry", COMMANDS)
+def test_help_works_without_a_keras_backend(module, entry):
+    import subprocess
+    script = _NO_BACKEND.format(module=module, entry=entry)
+    done = subprocess.run([sys.executable, "-c", script, "--help"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": ":".join(sys.path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"keras-vit-{module.replace('_', '-')}" in done.stdout
+    assert "--" in done.stdout and done.stdout.strip().endswith("exit 0")
+
+
+def test_keras_vit_without_a_backend_names_what_to_install():
+    import subprocess
+    script = ("import sys\nsys.modules['keras'] = None\nimport keras_vit\nprint(keras_vit.__version__)\n"
+              "keras_vit.ViTB16\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": ":".join(sys.path)})
+    assert done.returncode == 1
+    assert done.stdout.strip() == SETUP["version"]
+    assert 'ImportError: keras_vit.ViTB16 needs Keras with a backend' in done.stderr
+    assert 'pip install "keras_vit[tensorflow]"' in done.stderr
+
+
+def _uninstall(monkeypatch, distribution_name: str) -> None:
+    """Makes `importlib.metadata` report one distribution as not installed."""
+    try:
+        importlib.metadata.version("keras_vit")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("keras_vit is not installed: no declared extras to read")
+    real = importlib.metadata.distribution
+
+    def distribution(name):
+        if _normalize(name) == distribution_name:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+
+
+@pytest.mark.parametrize("module, extra, argv", [
+    ("tflite", "export", ["--variant", "Ti/16", "--out", "x"]),
+    ("export", "export", ["--variant", "Ti/16", "--out", "x"]),
+    ("inspect", "inspect", ["--variant", "Ti/16", "--out", "x", "--image", "a.png"]),
+    ("fewshot", "training", ["--variant", "Ti/16"]),
+    ("masked_digits", "training", ["--workdir", "x"]),
+])
+def test_command_without_its_extra_says_which_to_install(module, extra, argv, monkeypatch):
+    absent = sorted(EXTRAS[extra] - BASE)[-1]
+    _uninstall(monkeypatch, absent)
+    command = importlib.import_module(f"keras_vit.cli.{module}")
+    with pytest.raises(SystemExit) as done:
+        command.main(argv)
+    message = str(done.value.code)
+    assert "\n" not in message
+    assert message.startswith(f"keras-vit-{module.replace('_', '-')} needs keras_vit[{extra}]")
+    assert f"missing: {absent}" in message and message.endswith(f'pip install "keras_vit[{extra}]"')
+
+
+def test_train_without_tensorboard_says_which_extra_to_install(monkeypatch):
+    from keras_vit import cli
+    _uninstall(monkeypatch, "tensorboard")
+    with pytest.raises(SystemExit, match=r'^keras-vit-train needs keras_vit\[training\].*missing: tensorboard.*'
+                                         r'pip install "keras_vit\[training\]"$'):
+        cli.require("keras-vit-train", "training")
+
+
+def test_command_constants_equal_the_library_ones():
+    """The parsers spell a few library constants so that --help imports no TensorFlow."""
+    from keras_vit import fewshot, inspect
+    from keras_vit.cli import export as export_cli
+    from keras_vit.cli import fewshot as fewshot_cli
+    from keras_vit.cli import inspect as inspect_cli
+    from keras_vit.cli import tflite as tflite_cli
+    from keras_vit.cli import train as train_cli
+    from keras_vit.export import ALL_MODES, data, serving
+    from keras_vit.training import configs, distribute
+    assert tflite_cli.MODES == ALL_MODES and tflite_cli.DATASETS == data.DATASETS
+    assert (export_cli.DEFAULT_MAX_PIXELS, export_cli.DEFAULT_MAX_BATCH) == (serving.DEFAULT_MAX_PIXELS,
+                                                                             serving.DEFAULT_MAX_BATCH)
+    assert inspect_cli.FIGURES == inspect.FIGURES and fewshot_cli.SHOTS == fewshot.SHOTS
+    assert set(train_cli.RECIPES) == set(configs.RECIPES) and train_cli.STRATEGIES == distribute.STRATEGIES
