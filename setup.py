@@ -30,8 +30,10 @@ EXTRAS = {
     # Inspection plots and image files.
     "inspect": ["matplotlib>=3.8", "pillow>=10"],
     # Tests: SciPy and safetensors write the reference data; TF Serving's protos read the warmup requests;
-    # JAX runs the model on a second Keras backend (PyTorch too, where it is installed).
-    "test": ["pytest>=8", "scipy>=1.11", "safetensors>=0.4", "tensorflow-serving-api>=2.19,<3", "jax>=0.4.30"],
+    # JAX runs the model on a second Keras backend (PyTorch too, where it is installed); import-linter checks
+    # the import contracts of `.importlinter` (its `protected` and `acyclic_siblings` contracts: 2.6+).
+    "test": ["pytest>=8", "scipy>=1.11", "safetensors>=0.4", "tensorflow-serving-api>=2.19,<3", "jax>=0.4.30",
+             "import-linter>=2.6,<3"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 

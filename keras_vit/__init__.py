@@ -17,6 +17,9 @@ except ImportError as _error:
                           f"({_BACKEND_ERROR}). Install one: pip install \"keras_vit[tensorflow]\" (or JAX or "
                           "PyTorch, with KERAS_BACKEND set).") from _BACKEND_ERROR
 else:
+    from keras_vit.checkpoints.loader import load as load_weights
+    from keras_vit.checkpoints.npz import read_npz, resample_position_embedding
+    from keras_vit.checkpoints.registry import Checkpoint, list_weights
     from keras_vit.imagenet import decode_predictions, preprocess_input
     from keras_vit.layers import (ClassToken, LayerNorm, MlpBlock, MultiHeadDotProductAttention,
                                   PatchEncoder, Patches, PositionEmbedding, StochasticDepth, TokenPooling,
@@ -29,5 +32,3 @@ else:
                                   ViTModel, attention_model)
     from keras_vit.resnet import BottleneckUnit, StdConv2D
     from keras_vit.variants import VARIANTS, decode_variant
-    from keras_vit.weights import (Checkpoint, list_weights, read_npz, resample_position_embedding,
-                                   load as load_weights)

@@ -14,6 +14,7 @@ GELU are options (`layer_norm_epsilon`, `gelu_approximate`) for checkpoints of P
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import keras
@@ -340,32 +341,59 @@ class LayerNorm(keras.layers.LayerNormalization):
         return kernels.layer_norm(x, self.gamma, self.beta, self.epsilon)
 
 
-class _Projection(keras.layers.Layer):
-    """Holds one projection's `kernel` and `bias` in the checkpoints' shapes, e.g. (D, heads,
-    head_dim) and (heads, head_dim) for the query; the attention layer computes with them
-    (`keras_vit.kernels.self_attention`)."""
+@_register
+class Dense(keras.layers.Dense):
+    """`keras.layers.Dense` (no activation) computed by `keras_vit.kernels.dense` on (rows, in).
 
-    def __init__(self, kernel_shape: tuple[int, ...], bias_shape: tuple[int, ...], kernel_initializer, **kwargs):
-        super().__init__(**kwargs)
-        self.kernel_shape, self.bias_shape = kernel_shape, bias_shape
-        self.kernel_initializer = kernel_initializer
+    Same weights, config, LoRA (`enable_lora`) and quantization (`quantize`) as Keras' Dense; a
+    quantized layer computes on Keras' own quantized path.
+    """
 
-    def build(self, input_shape=None):
-        self.kernel = self.add_weight(name="kernel", shape=self.kernel_shape, initializer=self.kernel_initializer)
-        self.bias = self.add_weight(name="bias", shape=self.bias_shape, initializer="zeros")
+    def call(self, inputs, training=None):
+        rows = ops.reshape(inputs, (-1, inputs.shape[-1]))
+        out = kernels.dense(rows, self.kernel, self.bias)
+        return ops.reshape(out, (*ops.shape(inputs)[:-1], self.units))
+
+    def quantize(self, mode=None, type_check=True, **kwargs):
+        """Keras' quantization (`keras.layers.Dense.quantize`): this subclass adds no weights."""
+        super().quantize(mode, type_check=False, **kwargs)
+
+
+@_register
+class HeadProjection(keras.layers.EinsumDense):
+    """`keras.layers.EinsumDense` of `keras.layers.MultiHeadAttention`'s projections, (B, T, ...in) ->
+    (B, T, ...out), computed by `keras_vit.kernels.dense` on (B * T, in) rows.
+
+    Kernels in the checkpoints' shapes: (D, heads, head_dim) for the query, key and value, (heads,
+    head_dim, D) for the output. LoRA and quantization are Keras'; a quantized layer computes on Keras'
+    own quantized path.
+    """
+
+    def call(self, inputs, training=None):
+        in_axes = len(inputs.shape) - 2
+        kernel, bias = self.kernel, self.bias
+        in_width = math.prod(kernel.shape[:in_axes])
+        out_shape = tuple(kernel.shape[in_axes:])
+        rows = ops.reshape(inputs, (-1, in_width))
+        out = kernels.dense(rows, ops.reshape(kernel, (in_width, -1)), ops.reshape(bias, (-1,)))
+        return ops.reshape(out, (ops.shape(inputs)[0], ops.shape(inputs)[1], *out_shape))
+
+    def quantize(self, mode=None, type_check=True, **kwargs):
+        """Keras' quantization (`keras.layers.EinsumDense.quantize`): this subclass adds no weights."""
+        super().quantize(mode, type_check=False, **kwargs)
 
 
 @_register
 class MultiHeadDotProductAttention(keras.layers.Layer):
     """Multi-head self-attention of ViT, with the original's weights (paper App. A, Eq. 5-8).
 
-    `softmax(q k^T / sqrt(head_dim)) v` per head, then the output projection. The weights live
-    in sublayers `query`, `key`, `value` (kernels (D, heads, head_dim), biases (heads,
-    head_dim)) and `attention_output` ((heads, head_dim, D), (D,)): the checkpoints' shapes and
-    those of `keras.layers.MultiHeadAttention`, whose weight files load here unchanged.
+        q, k, v = x W_q, x W_k, x W_v                  (batch, tokens, heads, head_dim)
+        A = softmax(q k^T / sqrt(head_dim))            (batch, heads, tokens, tokens)
+        out = (A v) W_o                                (batch, tokens, D)
 
-    Computed by `keras_vit.kernels.self_attention`: one (D, 3D) QKV matmul on (batch * tokens,
-    D) rows, batched matmuls for the logits and the context, softmax in the compute dtype.
+    The projections are the sublayers `query`, `key`, `value` (kernels (D, heads, head_dim), biases
+    (heads, head_dim)) and `attention_output` ((heads, head_dim, D), (D,)): the checkpoints' shapes and
+    those of `keras.layers.MultiHeadAttention`, whose weight files load here unchanged.
 
     Args:
         num_heads: int. Attention heads; the hidden size must be divisible by it.
@@ -374,10 +402,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
 
     Call arguments:
         x: (batch, tokens, hidden_dim).
-        residual: optional (batch, tokens, hidden_dim) added to the output (the add fuses into
-            the output projection).
         training: bool. Attention dropout on when True.
-        return_attention_scores: bool. Also return the attention weights, (batch, heads,
+        return_attention_scores: bool. Also return the attention weights A, (batch, heads,
             tokens, tokens).
     """
 
@@ -393,30 +419,52 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             raise ValueError(f"Hidden size {width} is not divisible by num_heads={self.num_heads}.")
         heads, head_dim = self.num_heads, width // self.num_heads
         # Attribute names are those of keras.layers.MultiHeadAttention: `.weights.h5` files key on them.
-        projection = dict(kernel_initializer=self.kernel_initializer, dtype=self.dtype_policy)
-        self.query_dense = _Projection((width, heads, head_dim), (heads, head_dim), name="query", **projection)
-        self.key_dense = _Projection((width, heads, head_dim), (heads, head_dim), name="key", **projection)
-        self.value_dense = _Projection((width, heads, head_dim), (heads, head_dim), name="value", **projection)
-        self.output_dense = _Projection((heads, head_dim, width), (width,), name="attention_output", **projection)
-        for sublayer in (self.query_dense, self.key_dense, self.value_dense, self.output_dense):
-            sublayer.build()
+        self.query_dense, self.key_dense, self.value_dense = (
+            HeadProjection("btd,dnh->btnh", (None, heads, head_dim), bias_axes="nh", name=name,
+                           kernel_initializer=self._new_kernel_initializer(), dtype=self.dtype_policy)
+            for name in ("query", "key", "value"))
+        self.output_dense = HeadProjection("btnh,nhd->btd", (None, width), bias_axes="d", name="attention_output",
+                                           kernel_initializer=self._new_kernel_initializer(), dtype=self.dtype_policy)
+        for sublayer in (self.query_dense, self.key_dense, self.value_dense):
+            sublayer.build(input_shape)
+        self.output_dense.build((*input_shape[:-1], heads, head_dim))
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
+        self.dropout.build((input_shape[0], heads, input_shape[1], input_shape[1]))
 
-    def call(self, x, residual=None, training=None, return_attention_scores=False):
-        dropout = (lambda probs: self.dropout(probs, training=True)) if training and self.dropout_rate else None
-        out, probs = kernels.self_attention(x, self.projection_weights(), self.num_heads, residual, dropout)
-        return (out, probs) if return_attention_scores else out
+    def _new_kernel_initializer(self):
+        """A copy of the kernel initializer per projection: an unseeded Keras initializer instance draws the
+        same values at every call, which would start the query, key and value kernels equal."""
+        return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
 
-    def projection_weights(self) -> kernels.AttentionWeights:
-        """The four projections' weights, in the compute dtype inside a call."""
-        return kernels.AttentionWeights(*(weight.value for sublayer in (self.query_dense, self.key_dense,
-                                                                        self.value_dense, self.output_dense)
-                                          for weight in (sublayer.kernel, sublayer.bias)))
+    def call(self, x, training=None, return_attention_scores=False):
+        head_dim = x.shape[-1] // self.num_heads
+        query, key, value = self._project_qkv(x)  # each (batch, heads, tokens, head_dim)
+        logits = kernels.batch_matmul(query * ops.cast(1.0 / math.sqrt(head_dim), query.dtype), key, transpose_b=True)
+        scores = ops.softmax(logits, axis=-1)  # in the compute dtype, as the original
+        context = kernels.batch_matmul(self.dropout(scores, training=training), value)
+        out = self.output_dense(ops.transpose(context, (0, 2, 1, 3)))
+        return (out, scores) if return_attention_scores else out
+
+    def _project_qkv(self, x):
+        """x W_q, x W_k, x W_v as (batch, heads, tokens, head_dim) each: one matmul of the three kernels side by
+        side (LoRA kernels merged), a third of the ops of three projections. Quantized projections each take
+        Keras' quantized call instead."""
+        projections = (self.query_dense, self.key_dense, self.value_dense)
+        if any(projection.quantization_mode for projection in projections):
+            return [ops.transpose(projection(x), (0, 2, 1, 3)) for projection in projections]
+        width, heads = x.shape[-1], self.num_heads
+        kernel = ops.concatenate([ops.reshape(p.kernel, (width, width)) for p in projections], axis=1)
+        bias = ops.concatenate([ops.reshape(p.bias, (width,)) for p in projections], axis=0)
+        qkv = kernels.dense(ops.reshape(x, (-1, width)), kernel, bias)
+        qkv = ops.reshape(qkv, (ops.shape(x)[0], ops.shape(x)[1], 3, heads, width // heads))
+        # unstack, not qkv[i]: its gradient is one stack, where strided slices each scatter into a zero-filled
+        # copy of the whole tensor.
+        return ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, residual=None, training=None, return_attention_scores=False):
+    def compute_output_spec(self, x, training=None, return_attention_scores=False):
         output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
             return output
@@ -432,21 +480,16 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
 
 @_register
 class MlpBlock(keras.layers.Layer):
-    """Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout.
-
-    Computed by `keras_vit.kernels.mlp` on (batch * tokens, D) rows, where TensorFlow fuses
-    MatMul + BiasAdd (+ GELU, or + the block's residual add) into one kernel each.
+    """The encoder's MLP: Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout.
 
     Args:
         mlp_dim: int. Hidden width.
-        dropout_rate: float. Dropout after each Dense. Defaults to `0.0`.
+        dropout_rate: float. Dropout after the GELU and after the second Dense. Defaults to `0.0`.
         gelu_approximate: bool. `True`: tanh-approximate GELU (the original's Flax `nn.gelu`);
             `False`: exact erf GELU (PyTorch's `nn.GELU()`, timm and Hugging Face). Defaults to `True`.
 
     Call arguments:
         x: (..., D).
-        residual: optional tensor of `x`'s shape added to the output (fused into the last
-            matmul when no dropout is active).
         training: bool. Dropout on when True.
     """
 
@@ -460,21 +503,16 @@ class MlpBlock(keras.layers.Layer):
         width = input_shape[-1]
         dense = dict(kernel_initializer="glorot_uniform",
                      bias_initializer=keras.initializers.RandomNormal(stddev=1e-6), dtype=self.dtype_policy)
-        # Weight holders (checkpoint names Dense_0, Dense_1); `call` computes with their weights.
-        self.dense_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", **dense)
-        self.dense_1 = keras.layers.Dense(width, name="Dense_1", **dense)
+        self.dense_0 = Dense(self.mlp_dim, name="Dense_0", **dense)  # checkpoint names Dense_0, Dense_1
+        self.dense_1 = Dense(width, name="Dense_1", **dense)
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
         self.dense_0.build(input_shape)
         self.dense_1.build((*input_shape[:-1], self.mlp_dim))
+        self.dropout.build((*input_shape[:-1], self.mlp_dim))
 
-    def call(self, x, residual=None, training=None):
-        dropout = (lambda h: self.dropout(h, training=True)) if training and self.dropout_rate else None
-        return kernels.mlp(x, self.mlp_weights(), self.gelu_approximate, residual, bool(training), dropout)
-
-    def mlp_weights(self) -> kernels.MlpWeights:
-        """The two Dense layers' weights, in the compute dtype inside a call."""
-        return kernels.MlpWeights(self.dense_0.kernel.value, self.dense_0.bias.value,
-                                  self.dense_1.kernel.value, self.dense_1.bias.value)
+    def call(self, x, training=None):
+        h = self.dropout(kernels.gelu(self.dense_0(x), self.gelu_approximate), training=training)
+        return self.dropout(self.dense_1(h), training=training)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -488,17 +526,14 @@ class MlpBlock(keras.layers.Layer):
 
 @_register
 class TransformerBlock(keras.layers.Layer):
-    """Pre-norm Transformer encoder block of ViT (paper Eq. 2-3).
+    """Pre-norm Transformer encoder block of ViT (paper Eq. 2-3):
 
         y = x + DropPath(Dropout(MHA(LN(x))))
         out = y + DropPath(MLP(LN(y)))
 
-    Sublayers carry the original checkpoint names: `LayerNorm_0`,
-    `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`. Inference runs
-    `keras_vit.kernels.encoder_block` on their weights (one XLA-compiled function on CPUs where
-    that is faster); training calls the sublayers. Where dropout and drop path are identities
-    (inference, or rates 0), each residual add is passed into the projection before it, where
-    it fuses into the matmul.
+    Sublayers carry the original checkpoint names: `LayerNorm_0`, `MultiHeadDotProductAttention_1`,
+    `LayerNorm_2`, `MlpBlock_3`. Dropout and drop path act in training only. On CPUs where it pays,
+    float32 inference runs this same `call` XLA-compiled (`keras_vit.kernels.compiled_inference`).
 
     Args:
         num_heads: int. Attention heads; the hidden size must be divisible by it.
@@ -539,26 +574,15 @@ class TransformerBlock(keras.layers.Layer):
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, name="MlpBlock_3", dtype=policy)
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy)
         self.drop_path = StochasticDepth(self.drop_path_rate, dtype=policy)
-        for sublayer in (self.norm_attention, self.attention, self.norm_mlp, self.mlp):
+        for sublayer in (self.norm_attention, self.attention, self.norm_mlp, self.mlp, self.dropout, self.drop_path):
             sublayer.build(input_shape)
 
+    @kernels.compiled_inference
     def call(self, x, training=None, return_attention_scores=False):
-        if not training and not return_attention_scores:
-            weights = kernels.BlockWeights(
-                (self.norm_attention.gamma.value, self.norm_attention.beta.value), self.attention.projection_weights(),
-                (self.norm_mlp.gamma.value, self.norm_mlp.beta.value), self.mlp.mlp_weights())
-            return kernels.encoder_block(x, weights, self.num_heads, self.layer_norm_epsilon, self.gelu_approximate)
-        identity_branches = not training or not (self.dropout_rate or self.drop_path_rate)
-        attended = self.attention(self.norm_attention(x), residual=x if identity_branches else None,
-                                  training=training, return_attention_scores=return_attention_scores)
-        if return_attention_scores:
-            attended, scores = attended
-        if identity_branches:
-            x = self.mlp(self.norm_mlp(attended), residual=attended, training=training)
-        else:
-            x = x + self.drop_path(self.dropout(attended, training=training), training=training)
-            x = x + self.drop_path(self.mlp(self.norm_mlp(x), training=training), training=training)
-        return (x, scores) if return_attention_scores else x
+        attended, scores = self.attention(self.norm_attention(x), training=training, return_attention_scores=True)
+        y = x + self.drop_path(self.dropout(attended, training=training), training=training)
+        out = y + self.drop_path(self.mlp(self.norm_mlp(y), training=training), training=training)
+        return (out, scores) if return_attention_scores else out
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -24,6 +24,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit import layers as vit_layers
 from keras_vit.models import CpuKernelSteps
 
 TARGETS = ("mean", "4x4", "l2")
@@ -124,20 +125,12 @@ class PatchCorruption(keras.layers.Layer):
 # === Targets ===
 
 
-def _pair(value: int | Sequence[int]) -> tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    return int(pair[0]), int(pair[1])
-
-
-def _patch_grid(images, patch_size: tuple[int, int]):
+def _patch_grid(images, patch_size: int | Sequence[int]):
     """(batch, H, W, C) -> (batch, num_patches, ph, pw, C), patches in row-major grid order."""
-    ph, pw = patch_size
-    height, width, channels = images.shape[1:]
-    if height % ph or width % pw:
-        raise ValueError(f"Image size {(height, width)} is not divisible by the patch size {patch_size}.")
-    x = ops.reshape(images, (-1, height // ph, ph, width // pw, pw, channels))
-    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
-    return ops.reshape(x, (-1, (height // ph) * (width // pw), ph, pw, channels))
+    patch_size = vit_layers._pair(patch_size, "patch_size")
+    rows, columns = vit_layers._check_divisible(images.shape, patch_size, "patch_targets")
+    patches = vit_layers.extract_patches(images, patch_size)  # Flattened in (row, column, channel) order.
+    return ops.reshape(patches, (-1, rows * columns, *patch_size, images.shape[-1]))
 
 
 def _quantize_colours(colours, bits: int):
@@ -175,7 +168,7 @@ def patch_targets(images, patch_size: int | Sequence[int], target: str = "mean",
         raise ValueError(f"Unknown target {target!r}. Expected one of {TARGETS}.")
     low, high = float(value_range[0]), float(value_range[1])
     unit = (ops.cast(images, "float32") - low) / (high - low)
-    patches = _patch_grid(unit, _pair(patch_size))  # (batch, N, ph, pw, C) in [0, 1]
+    patches = _patch_grid(unit, patch_size)  # (batch, N, ph, pw, C) in [0, 1]
     if target == "mean":
         return _quantize_colours(ops.mean(patches, axis=(2, 3)), bits)
     if target == "l2":
@@ -206,7 +199,7 @@ class PatchTargets(keras.layers.Layer):
         super().__init__(**kwargs)
         if target not in TARGETS:
             raise ValueError(f"Unknown target {target!r}. Expected one of {TARGETS}.")
-        self.patch_size = _pair(patch_size)
+        self.patch_size = vit_layers._pair(patch_size, "patch_size")
         self.target = target
         self.bits = bits
         self.value_range = (float(value_range[0]), float(value_range[1]))

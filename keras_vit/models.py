@@ -17,7 +17,7 @@ from keras_vit import kernels
 from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit import variants
-from keras_vit import weights as weights_lib
+from keras_vit.checkpoints import loader as checkpoint_loader
 
 CLASSIFIERS = ("token", "gap")
 
@@ -73,13 +73,23 @@ Returns:
 """
 
 
+LORA_NAMES = ("query", "key", "value", "attention_output", "Dense_0", "Dense_1")
+LORA_TARGETS = ("query", "value")
+
+
+def _block_projections(block: vit_layers.TransformerBlock) -> dict[str, keras.layers.Layer]:
+    attention, mlp = block.attention, block.mlp
+    return dict(zip(LORA_NAMES, (attention.query_dense, attention.key_dense, attention.value_dense,
+                                 attention.output_dense, mlp.dense_0, mlp.dense_1)))
+
+
 class CpuKernelSteps:
     """Mixin for a `keras.Model`: its `fit` / `evaluate` / `predict` steps may use the machine's
     CPU kernels (`keras_vit.kernels.cpu_kernels`); nothing else changes."""
 
     # The steps' signatures differ by backend (JAX passes its state too): pass them on as they come.
     def train_step(self, *args, **kwargs):
-        with kernels.cpu_kernels(not self.jit_compile):  # XLA compiles the whole step: portable ops
+        with kernels.cpu_kernels(not self.jit_compile, training=True):  # XLA compiles the whole step: portable ops
             return super().train_step(*args, **kwargs)
 
     def test_step(self, *args, **kwargs):
@@ -101,6 +111,28 @@ class ViTModel(CpuKernelSteps, keras.Model):
     `ViTModel` rather than `keras.Model` (e.g. to add a head) to keep those kernels; with
     `keras.Model` the wrapper is just as correct, on the portable ops.
     """
+
+    def enable_lora(self, rank: int, target_names: Sequence[str] = LORA_TARGETS) -> None:
+        """Low-rank adaptation (Hu et al. 2021) of the encoder, as keras-hub's `Backbone.enable_lora`.
+
+        Every weight is frozen except, in each encoder block, the projections named in `target_names`
+        (of `query`, `key`, `value`, `attention_output`, `Dense_0`, `Dense_1`), which Keras'
+        `enable_lora(rank)` gives a trainable rank-`rank` update of their frozen kernel (their bias stays
+        trainable, as in Keras). Defaults to the attention's query and value.
+        """
+        unknown = set(target_names) - set(LORA_NAMES)
+        if unknown:
+            raise ValueError(f"Unknown LoRA targets {sorted(unknown)}. Expected some of {LORA_NAMES}.")
+        for layer in self.layers:
+            if not isinstance(layer, vit_layers.TransformerBlock):
+                layer.trainable = False
+                continue
+            layer.norm_attention.trainable = layer.norm_mlp.trainable = False
+            for name, projection in _block_projections(layer).items():
+                if name in target_names:
+                    projection.enable_lora(rank)
+                else:
+                    projection.trainable = False
 
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights` (Keras files); says to use `keras_vit.load_weights` for checkpoints."""
@@ -206,7 +238,7 @@ def VisionTransformer(
         raise ValueError(f"VisionTransformer needs `variant` or the architecture arguments {missing}.")
     stride = variants.total_stride(config)
     image, image_shape = _image_input(input_tensor, input_shape, stride, pretrained=weights is not None)
-    weights_source = weights_lib.resolve(weights, variant=variant, image_size=image_shape[:2],
+    weights_source = checkpoint_loader.resolve(weights, variant=variant, image_size=image_shape[:2],
                                          include_top=include_top, classes=classes)
     _validate(include_top=include_top, pooling=pooling, classes=classes, classifier=classifier,
               position_embedding=position_embedding, classifier_activation=classifier_activation,
@@ -224,7 +256,7 @@ def VisionTransformer(
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
     model = ViTModel(inputs, outputs, name=name)
     if weights_source is not None:
-        weights_lib.load(model, weights_source)
+        checkpoint_loader.load(model, weights_source)
     return model
 
 
@@ -303,7 +335,7 @@ def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, 
         return keras.saving.load_model(path)
     if classes is None:
         size = tuple(input_shape or (224, 224, 3))[:2]
-        source = weights_lib.resolve(weights, variant=variant, image_size=size, include_top=False, classes=1)
+        source = checkpoint_loader.resolve(weights, variant=variant, image_size=size, include_top=False, classes=1)
         classes = source.head_classes if source is not None and source.head_classes else 1000
     return VisionTransformer(variant, weights=weights, input_shape=input_shape, classes=classes)
 

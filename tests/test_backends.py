@@ -100,11 +100,14 @@ def test_backend_matches_tensorflow_and_trains(workdir, backend):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_layer_tests_pass_on_backend(backend):
+def test_layer_and_keras_tool_tests_pass_on_backend(backend):
+    """The layer tests, and quantization and LoRA through Keras' tools (the digits int8 check on JAX only)."""
     if not _backend_available(backend):
         pytest.skip(f"{backend} is not installed (pip install {backend})")
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_layers.py"],
+    selection = [] if backend == "jax" else ["-m", "not slow"]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection,
+                           "tests/test_layers.py", "tests/test_keras_tools.py"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout and "failed" not in done.stdout

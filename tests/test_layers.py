@@ -1,5 +1,5 @@
 """Per-layer tests: build, eager and symbolic calls, config round trips, a training step,
-and numerics against the NumPy references of tests/testing.py."""
+and numerics against the NumPy reference of tests/reference.py."""
 
 import keras
 import numpy as np
@@ -7,8 +7,8 @@ import pytest
 
 import keras_vit
 from keras_vit import layers as vit_layers
-from tests.testing import (encoder_block, gelu_tanh, randomize, released_names, run_layer_test,
-                           run_serialization_test, to_numpy)
+from tests.reference import encoder_block, gelu_tanh, released_names
+from tests.testing import randomize, run_layer_test, run_serialization_test, to_numpy
 
 # --- Patches and patch embedding ---
 
@@ -158,6 +158,40 @@ def test_transformer_block_dropout_only_in_training():
     x = np.random.default_rng(0).normal(size=(4, 5, 8)).astype("float32")
     np.testing.assert_array_equal(to_numpy(layer(x)), to_numpy(layer(x, training=False)))
     assert not np.allclose(to_numpy(layer(x, training=True)), to_numpy(layer(x)))
+
+
+def test_attention_projections_start_from_different_kernels():
+    """An unseeded Keras initializer instance repeats its values: each projection gets its own copy."""
+    keras.utils.set_random_seed(0)
+    attention = keras_vit.MultiHeadDotProductAttention(num_heads=2)
+    attention.build((None, 5, 8))
+    kernels = [to_numpy(layer.kernel).reshape(8, 8) for layer in (attention.query_dense, attention.key_dense,
+                                                                    attention.value_dense, attention.output_dense)]
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert not np.allclose(kernels[i], kernels[j])
+    limit = np.sqrt(6 / 16)  # Glorot-uniform of the (D, D) view, as the original's xavier_uniform
+    assert all(np.abs(kernel).max() <= limit for kernel in kernels)
+
+
+def test_every_layer_of_a_built_model_is_built():
+    """Keras runs a model eagerly before compiling its steps while any layer reports built=False."""
+    for kwargs in (dict(drop_path_rate=0.1, dropout_rate=0.1), dict(classifier="gap"), dict(resnet_stages=(1,),
+                                                                                            patch_size=1)):
+        model = keras_vit.VisionTransformer(**{**dict(patch_size=8, hidden_dim=16, mlp_dim=32, num_heads=2,
+                                                      num_layers=2), **kwargs}, input_shape=(16, 16, 3), classes=3)
+        unbuilt = [layer.path for layer in _all_layers(model) if not layer.built]
+        assert not unbuilt, unbuilt
+
+
+def _all_layers(layer):
+    yield layer
+    for attribute in vars(layer).values():
+        if isinstance(attribute, keras.layers.Layer) and attribute is not layer:
+            yield from _all_layers(attribute)
+    if isinstance(layer, keras.Model):
+        for sublayer in layer.layers:
+            yield from _all_layers(sublayer)
 
 
 def test_transformer_block_heads_must_divide_width():

@@ -12,7 +12,8 @@ import pytest
 
 import keras_vit
 from keras_vit import variants
-from tests.testing import TINY_HYBRID, TINY_VIT, randomize, released_names, softmax, vit_logits
+from tests.reference import released_names, softmax, vit_logits
+from tests.testing import TINY_HYBRID, TINY_VIT, randomize
 
 # Exact counts at 224 px with a 1000-class head, from vit_jax/models_test.py.
 PARAM_COUNTS = {

@@ -46,6 +46,20 @@ def test_library_modules_import_without_plotting_image_or_dataset_packages():
     assert done.stdout.strip().splitlines()[-1] == "The digits ship with scikit-learn: `pip install scikit-learn`."
 
 
+def test_the_0_2_checkpoint_module_paths_re_export_keras_vit_checkpoints():
+    """`keras_vit.weights` and `keras_vit.torch_checkpoints` stay importable for users."""
+    import keras_vit.convert
+    import keras_vit.torch_checkpoints
+    import keras_vit.weights
+    from keras_vit.checkpoints import loader, npz, registry, safetensors_file, torch_layout
+    assert (keras_vit.weights.load, keras_vit.weights.resolve) == (loader.load, loader.resolve)
+    assert (keras_vit.weights.KEY_TABLE, keras_vit.weights.fetch) == (npz.KEY_TABLE, registry.fetch)
+    assert keras_vit.torch_checkpoints.read_safetensors is safetensors_file.read_safetensors
+    assert keras_vit.torch_checkpoints.translate is torch_layout.translate
+    assert keras_vit.torch_checkpoints.convert_checkpoint is keras_vit.convert.convert_checkpoint
+    assert callable(keras_vit.convert.convert_npz) and callable(keras_vit.torch_checkpoints.convert_safetensors)
+
+
 # ---------------------------------------------------------------------------------------
 # Names that are easy to confuse: the error says which one to use
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""timm and Hugging Face `.safetensors` ViT checkpoints: layout detection, exact numerics against
-NumPy forward passes of the source models' equations, all-or-nothing loading, no unpickling.
+"""timm and Hugging Face `.safetensors` ViT checkpoints: layout detection, exact numerics against the
+NumPy reference on the source models' own layouts (tests/reference.py), all-or-nothing loading, no unpickling.
 
 Checkpoints are written with NumPy and `safetensors.numpy`; no torch needed."""
 
@@ -13,9 +13,11 @@ import tensorflow as tf
 
 import keras
 import keras_vit
-from keras_vit import kernels, torch_checkpoints
-from keras_vit.cli import convert
+from keras_vit import kernels
 from keras_vit import layers as vit_layers
+import keras_vit.convert
+from keras_vit.cli import convert
+from tests.reference import torch_logits
 from tests.testing import TINY_VIT, hf_state_dict, save_safetensors, timm_state_dict
 
 TI16 = dict(hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12, patch_size=16)
@@ -46,7 +48,7 @@ def test_timm_ti16_at_224_matches_the_numpy_forward(tmp_path):
     block = model.get_layer("encoderblock_0")
     assert (block.gelu_approximate, block.layer_norm_epsilon) == (False, 1e-6)
     x = images(224, 224)
-    assert_logits_match(model(x), torch_checkpoints.reference_forward(state, x, num_heads=3))
+    assert_logits_match(model(x), torch_logits(state, x, num_heads=3))
 
 
 def test_hugging_face_on_a_resized_rectangular_input_matches_the_numpy_forward(tmp_path):
@@ -56,7 +58,7 @@ def test_hugging_face_on_a_resized_rectangular_input_matches_the_numpy_forward(t
     assert model.get_layer("encoder_norm").epsilon == 1e-12
     assert model.get_layer("posembed_input").pos_embedding.shape == (1, 16, 48)
     x = images(40, 24)
-    assert_logits_match(model(x), torch_checkpoints.reference_forward(state, x, num_heads=3))
+    assert_logits_match(model(x), torch_logits(state, x, num_heads=3))
 
 
 def test_hugging_face_vit_model_pooler_is_pre_logits(tmp_path):
@@ -64,7 +66,7 @@ def test_hugging_face_vit_model_pooler_is_pre_logits(tmp_path):
     path = save_safetensors(state, tmp_path / "hf_model.safetensors")
     model = tiny(path, include_top=False, pooling="token", representation_size=48)
     x = images(32, 32)
-    expected = torch_checkpoints.reference_forward(state, x, num_heads=3)
+    expected = torch_logits(state, x, num_heads=3)
     np.testing.assert_allclose(np.asarray(model(x), np.float64), expected, rtol=0, atol=1e-5)
 
 
@@ -108,13 +110,16 @@ def test_exact_gelu_block_matches_numpy_in_both_kernel_scopes(cpu_kernels, train
 
 
 def test_converter_writes_keras_and_weights_files(tmp_path, capsys):
-    path = save_safetensors(timm_state_dict(), tmp_path / "timm.safetensors")
+    state = timm_state_dict()
+    path = save_safetensors(state, tmp_path / "timm.safetensors")
     for output in ("tiny.keras", "tiny.weights.h5"):
         assert convert.main([path, str(tmp_path / output), "--num-heads", "3"]) == 0
         difference = float(capsys.readouterr().out.split("max abs difference ")[1].split()[0])
         assert difference < 1e-5
+    x = images(32, 32)  # the written file computes the source model
+    assert_logits_match(keras.saving.load_model(tmp_path / "tiny.keras")(x), torch_logits(state, x, num_heads=3))
     with pytest.raises(ValueError, match="number of heads is not stored"):
-        torch_checkpoints.convert_safetensors(path, str(tmp_path / "x.keras"))
+        keras_vit.convert.convert_checkpoint(path, str(tmp_path / "x.keras"))
 
 
 # --- bad files: a clear error, nothing loaded, no code run ---

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import keras_vit
 from tests.testing import TRAIN_VIT, TRAIN_VIT_OVERRIDES, save_checkpoint, vit_checkpoint
-from keras_vit.training import configs, data, trainer
+from keras_vit.training import configs, data, supervised, trainer
 from keras_vit.training.configs import Config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,7 +104,7 @@ def test_warmup_then_decay(decay, quarter, three_quarters):
 def test_gradient_accumulation_updates_every_second_step():
     model = trainer.build_model(tiny_config(), num_classes=10)
     model.compile(trainer.make_optimizer(tiny_config("grad_accum_steps=2", "warmup_steps=0"), total_steps=10),
-                  trainer.make_loss(tiny_config()))
+                  supervised.make_loss(tiny_config()))
     x, y = np.full((4, 16, 16, 3), 100.0, "float32"), np.eye(10, dtype="float32")[:4]
     start = model.get_weights()
     model.train_on_batch(x, y)

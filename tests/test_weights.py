@@ -2,7 +2,7 @@
 
 Checkpoints are written in the released layout and the reference is a NumPy forward pass
 written from the equations that runs on the `.npz` arrays directly, with its own order-1 zoom,
-independent of the loader (both in tests/testing.py).
+independent of the loader (tests/reference.py; the checkpoint writers are in tests/testing.py).
 """
 
 import json
@@ -11,15 +11,17 @@ import subprocess
 import sys
 import warnings
 
+import keras
 import numpy as np
 import pytest
 import scipy.ndimage
 
 import keras_vit
 import keras_vit.convert
+from keras_vit.checkpoints import loader, registry
 from keras_vit.cli import convert
-from keras_vit import weights as weights_lib
-from tests.testing import TINY_HYBRID, TINY_VIT, big_vision_names, save_checkpoint, vit_checkpoint, vit_logits
+from tests.reference import vit_logits
+from tests.testing import TINY_HYBRID, TINY_VIT, big_vision_names, save_checkpoint, vit_checkpoint
 
 # ---------------------------------------------------------------------------------------
 # Helpers
@@ -160,7 +162,7 @@ def test_registered_weights_with_other_classes_fail_before_any_download(monkeypa
     def no_download(*args, **kwargs):
         raise AssertionError("nothing may be downloaded for a call that is an error")
 
-    monkeypatch.setattr(weights_lib, "fetch", no_download)
+    monkeypatch.setattr(registry, "fetch", no_download)
     monkeypatch.setattr(keras_vit.models.keras.utils, "get_file", no_download)
     expected = 1000 if weights == "imagenet" else 21843
     with pytest.raises(ValueError, match=rf"weights='{weights}' has a {expected}-class head, but the model was "
@@ -265,9 +267,9 @@ def test_wrong_variant_reports_unexpected_blocks(tmp_path, vit_file):
 
 
 def test_registry_entries_are_consistent():
-    keys = [(e.variant, e.tag, e.image_size) for e in weights_lib.REGISTRY]
+    keys = [(e.variant, e.tag, e.image_size) for e in registry.REGISTRY]
     assert len(keys) == len(set(keys))
-    for entry in weights_lib.REGISTRY:
+    for entry in registry.REGISTRY:
         assert entry.variant in keras_vit.VARIANTS
         assert entry.url.startswith("https://storage.googleapis.com/vit_models/") and entry.url.endswith(".npz")
         hidden = keras_vit.VARIANTS[entry.variant]["hidden_dim"]
@@ -288,13 +290,13 @@ def test_registry_entries_are_consistent():
     ("L/32", "imagenet21k", 224, "ViT-L_32.npz"),
 ])
 def test_resolve_picks_checkpoint(variant, weights, size, filename):
-    source = weights_lib.resolve(weights, variant=variant, image_size=(size, size), include_top=False, classes=1000)
+    source = loader.resolve(weights, variant=variant, image_size=(size, size), include_top=False, classes=1000)
     assert source.checkpoint.filename == filename
 
 
 def test_resolve_infers_representation_size_only_when_head_is_loaded():
     def rep(**kwargs):
-        return weights_lib.resolve("imagenet21k", variant="B/16", image_size=(224, 224), **kwargs).representation_size
+        return loader.resolve("imagenet21k", variant="B/16", image_size=(224, 224), **kwargs).representation_size
     assert rep(include_top=True, classes=21843) == 768
     assert rep(include_top=False, classes=21843) is None
     assert rep(include_top=False, classes=1000) is None
@@ -307,7 +309,7 @@ def test_resolve_infers_representation_size_only_when_head_is_loaded():
 ])
 def test_resolve_rejects_unknown_weights(variant, weights, message):
     with pytest.raises(ValueError, match=message):
-        weights_lib.resolve(weights, variant=variant, image_size=(224, 224), include_top=True, classes=1000)
+        loader.resolve(weights, variant=variant, image_size=(224, 224), include_top=True, classes=1000)
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,8 +322,8 @@ def test_registered_name_downloads_once_into_cache(vit_file, tmp_path, monkeypat
     source = tmp_path / "server" / "Tiny_8-test.npz"
     source.parent.mkdir()
     source.write_bytes(open(path, "rb").read())
-    entry = weights_lib.Checkpoint("Ti/16", "test-tag", source.as_uri(), 10, 32)
-    monkeypatch.setattr(weights_lib, "REGISTRY", (entry,))
+    entry = registry.Checkpoint("Ti/16", "test-tag", source.as_uri(), 10, 32)
+    monkeypatch.setattr(registry, "REGISTRY", (entry,))
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
     cached = tmp_path / "keras_home" / "models" / "Tiny_8-test.npz"
 
@@ -365,11 +367,20 @@ def test_converter_with_registered_variant(tmp_path, capsys):
                                vit_logits(arrays, x), atol=1e-4, rtol=0)
 
 
+def test_converter_writes_an_npz_as_a_keras_model(vit_file, tmp_path):
+    path, arrays = vit_file
+    model, difference = keras_vit.convert.convert_checkpoint(path, str(tmp_path / "vit.keras"))
+    assert difference == 0
+    x = images(32, 32)
+    written = keras.saving.load_model(tmp_path / "vit.keras")
+    np.testing.assert_allclose(logits(written, x), vit_logits(arrays, x), atol=1e-4, rtol=0)
+
+
 def test_converter_of_a_headless_checkpoint_writes_a_backbone(vit_file, tmp_path):
     arrays = {key: value for key, value in vit_file[1].items() if not key.startswith("head/")}
     path = save_checkpoint(tmp_path / "headless.npz", arrays)
     out = str(tmp_path / "backbone.weights.h5")
-    model, difference = keras_vit.convert.convert_npz(path, out)
+    model, difference = keras_vit.convert.convert_checkpoint(path, out)
     assert difference == 0 and model.output.shape == (None, TINY_VIT["hidden_dim"])
     backbone = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), include_top=False, pooling="token",
                                            weights=out)

@@ -1,11 +1,10 @@
 """The `masked_patches` recipe: self-supervised masked patch prediction (paper Sec. 4.6, App. B.1.2).
 
-`train_masked_patches(config, workdir)` (what `training.train_and_evaluate` runs for
-`recipe="masked_patches"`) wraps the config's ViT encoder with `keras_vit.masked_patch_model` and fits
-it on the images of any source the trainer reads (labels are dropped), with the same crash safety as
-the supervised recipes (`training.trainer.make_callbacks` without the best-top-1 checkpoint): NaN
-stop first, synced BackupAndRestore per worker, run log, last weights, CSV history, TensorBoard.
-Outputs in `workdir` (besides those of `training.trainer`):
+`MASKED_PATCHES` (what `training.train_and_evaluate` runs for `recipe="masked_patches"`) wraps the
+config's ViT encoder with `keras_vit.masked_patch_model` and fits it on the images of any source the
+trainer reads (labels are dropped), in the same run as the supervised recipes: NaN stop first, synced
+BackupAndRestore per worker, run log, last weights (no best-top-1 checkpoint), CSV history, TensorBoard.
+Outputs in `workdir` (besides those of every run, `training/trainer.py`):
 
     model.keras               the masked-patch model (corruption, encoder, head, targets)
     encoder.keras             the encoder as a keras_vit model without head (pooled features,
@@ -20,31 +19,24 @@ Outputs in `workdir` (besides those of `training.trainer`):
 
 from __future__ import annotations
 
-import json
-import logging
 import os
-from typing import Sequence
 
 import keras
 import tensorflow as tf
 
 import keras_vit
-from . import trainer
 from .configs import Config
+from .recipe import Recipe, build_backbone, pooling
+
+
+def _encoder_options(config: Config, num_classes: int = 0) -> dict:
+    return dict(include_top=False, pooling=pooling(config))
 
 
 def build_encoder(config: Config) -> keras.Model:
-    """The config's ViT without head: `VisionTransformer(include_top=False, pooling=...)`, exactly the
-    backbone that the `finetune` recipe builds, with `weights=config.weights` (to continue from one)."""
-    architecture = {} if config.variant else dict(
-        patch_size=config.patch_size, hidden_dim=config.hidden_dim, mlp_dim=config.mlp_dim,
-        num_heads=config.num_heads, num_layers=config.num_layers)
-    return keras_vit.VisionTransformer(
-        config.variant or None, include_top=False, pooling="token" if config.classifier == "token" else "avg",
-        weights=config.weights or None, input_shape=(config.image_size, config.image_size, 3),
-        classifier=config.classifier, dropout_rate=config.dropout_rate,
-        attention_dropout_rate=config.attention_dropout_rate, drop_path_rate=config.drop_path_rate,
-        **architecture)
+    """The config's ViT without head, exactly the backbone that the `finetune` recipe builds, with
+    `weights=config.weights` (to continue from one)."""
+    return build_backbone(config, **_encoder_options(config))
 
 
 def build_masked_model(config: Config, encoder: keras.Model) -> keras_vit.MaskedPatchModel:
@@ -71,42 +63,8 @@ def _save_outputs(model: keras_vit.MaskedPatchModel, encoder: keras.Model, outdi
     return paths
 
 
-def train_masked_patches(config: Config, workdir: str, *, strategy: tf.distribute.Strategy | None = None,
-                         callbacks: Sequence[keras.callbacks.Callback] = (), verbose: str | int = "auto") -> dict:
-    """Pre-trains the config's encoder by masked patch prediction in `workdir` (resuming from its backup).
-
-    Args: as `training.train_and_evaluate`.
-
-    Returns:
-        dict with the eval split's masked `loss` (and `masked_accuracy` for classification targets),
-        `model_path`, `encoder_path`, `encoder_weights_path`, `eval_path` and `optimizer_iterations`.
-    """
-    strategy = strategy or tf.distribute.get_strategy()
-    worker, outdir, datasets, steps_per_epoch, epochs = trainer.prepare_run(config, workdir, strategy)
-    logging.info("Masked patch prediction (%s target), strategy %s with %d replicas; %s train images; "
-                 "%d epochs x %d steps.", config.masked_target, type(strategy).__name__,
-                 strategy.num_replicas_in_sync, datasets.num_train_examples, epochs, steps_per_epoch)
-    previous_policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(trainer.PRECISIONS[config.precision])
-    try:
-        with strategy.scope():
-            encoder = build_encoder(config)
-            model = build_masked_model(config, encoder)
-            model.compile(optimizer=trainer.make_optimizer(config, epochs * steps_per_epoch))
-        nan_guard, *standard = trainer.make_callbacks(config, workdir, outdir, worker, best_metric=None)
-        eval_images = images_only(datasets.eval)
-        model.fit(images_only(datasets.train), epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
-                  validation_data=eval_images if config.validate else None,
-                  callbacks=[nan_guard, *callbacks, *standard], verbose=verbose)
-        results = model.evaluate(eval_images, return_dict=True, verbose=0)
-        paths = _save_outputs(model, encoder, outdir)
-    finally:
-        keras.mixed_precision.set_global_policy(previous_policy)
-    summary = {**{key: float(value) for key, value in results.items()}, **paths,
-               "optimizer_iterations": int(model.optimizer.iterations.numpy()),
-               "eval_path": os.path.join(outdir, "model.eval.json")}
-    with open(summary["eval_path"], "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
-    logging.info("Eval: masked loss %.4f. Saved %s and %s", summary["loss"], paths["model_path"],
-                 paths["encoder_path"])
-    return summary
+MASKED_PATCHES = Recipe(backbone=_encoder_options,
+                        model=lambda config, encoder, num_classes: build_masked_model(config, encoder),
+                        compile=lambda config, num_classes: {},  # The loss is the model's own.
+                        save=_save_outputs,
+                        inputs=images_only)

@@ -1,14 +1,16 @@
-"""`train_and_evaluate(config, workdir)`: `model.fit` under a tf.distribute strategy with
-crash-safe backups, best/last weights, TensorBoard, NaN stop and a final top-1/top-5 evaluation.
+"""`train_and_evaluate(config, workdir)`: the one training run of every recipe. `model.fit` under a
+tf.distribute strategy with crash-safe backups, last (and best) weights, TensorBoard, NaN stop and a final
+evaluation. The recipe is looked up by `config.recipe` in `RECIPES` (`training/recipe.py` says what a recipe
+provides; `supervised.py` and `masked.py` are the recipes).
 
 Layout of `workdir` (worker `i > 0` of a multi-worker run writes the same under `workdir/worker_<i>/`):
     backup/worker_<i>/     keras.callbacks.BackupAndRestore (deleted when a run completes); on restart
                            every worker takes the chief's restored state (SyncedBackupAndRestore)
-    checkpoints/last.weights.h5, checkpoints/best.weights.h5
+    checkpoints/last.weights.h5, checkpoints/best.weights.h5 (recipes with a best metric)
     tensorboard/           TensorBoard scalars
     history.csv            one row per epoch, appended across restarts
     train_log.jsonl        one line per (re)start: first epoch and optimizer iterations
-    model.keras, model.eval.json
+    model.eval.json        the summary; plus the recipe's files (model.keras, ...)
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import keras_vit
 from . import data as data_lib
-from . import distribute
+from . import distribute, masked, supervised
 from .configs import Config
+from .recipe import Recipe, build_backbone
+
+# `Config.recipe` -> what that recipe adds to the run.
+RECIPES: dict[str, Recipe] = {"pretrain": supervised.PRETRAIN, "finetune": supervised.FINETUNE,
+                              "masked_patches": masked.MASKED_PATCHES}
 
 PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
 
@@ -36,7 +42,7 @@ class NaNLossError(FloatingPointError):
     """Training produced a non-finite loss."""
 
 
-# === Model, optimizer, loss ===
+# === Optimizer ===
 
 
 @keras.saving.register_keras_serializable(package="keras_vit_training")
@@ -87,33 +93,6 @@ class SGD(distribute.AllReducedClipping, keras.optimizers.SGD):
     """keras.optimizers.SGD clipping the all-reduced gradient under tf.distribute."""
 
 
-def build_model(config: Config, num_classes: int) -> keras.Model:
-    """The ViT of `config`, returning logits, with `weights=config.weights` passed to the builder.
-
-    `pretrain` keeps the builder's head (and pre-logits). `finetune` builds the backbone without a
-    head at the new resolution (the weights loader resizes position embeddings), drops the
-    pre-logits and adds one zero-initialized Dense head for `num_classes`.
-    """
-    architecture = {} if config.variant else dict(
-        patch_size=config.patch_size, hidden_dim=config.hidden_dim, mlp_dim=config.mlp_dim,
-        num_heads=config.num_heads, num_layers=config.num_layers)
-    common = dict(weights=config.weights or None, input_shape=(config.image_size, config.image_size, 3),
-                  classifier=config.classifier, dropout_rate=config.dropout_rate,
-                  attention_dropout_rate=config.attention_dropout_rate, drop_path_rate=config.drop_path_rate,
-                  **architecture)
-    if config.recipe == "pretrain":
-        return keras_vit.VisionTransformer(config.variant or None, classes=num_classes, classifier_activation=None,
-                                           representation_size=config.representation_size or None, **common)
-    if config.recipe != "finetune":
-        raise ValueError(f"Unknown recipe {config.recipe!r}. Expected 'pretrain' or 'finetune'.")
-    if not config.weights:
-        raise ValueError("recipe='finetune' needs weights=<.npz or .weights.h5 path, or a registered name>.")
-    backbone = keras_vit.VisionTransformer(config.variant or None, include_top=False,
-                                           pooling="token" if config.classifier == "token" else "avg", **common)
-    logits = keras.layers.Dense(num_classes, kernel_initializer="zeros", name="head", dtype="float32")(backbone.output)
-    return keras_vit.ViTModel(backbone.input, logits, name=f"{backbone.name}_finetune")
-
-
 def make_optimizer(config: Config, total_steps: int) -> keras.optimizers.Optimizer:
     """AdamW or SGD with momentum, warmup + decay schedule, global-norm clipping, gradient accumulation."""
     schedule = WarmupDecay(config.lr, config.warmup_steps, total_steps, config.decay)
@@ -124,15 +103,6 @@ def make_optimizer(config: Config, total_steps: int) -> keras.optimizers.Optimiz
     if config.optimizer == "sgd":
         return SGD(momentum=config.momentum, weight_decay=config.weight_decay or None, **common)
     raise ValueError(f"Unknown optimizer {config.optimizer!r}. Expected 'adamw' or 'sgd'.")
-
-
-def make_loss(config: Config) -> keras.losses.Loss:
-    """Softmax or sigmoid cross-entropy on logits, with label smoothing."""
-    if config.loss == "softmax":
-        return keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
-    if config.loss == "sigmoid":
-        return keras.losses.BinaryCrossentropy(from_logits=True, label_smoothing=config.label_smoothing)
-    raise ValueError(f"Unknown loss {config.loss!r}. Expected 'softmax' or 'sigmoid'.")
 
 
 # === Callbacks ===
@@ -233,7 +203,7 @@ def make_callbacks(config: Config, workdir: str, outdir: str, worker: int,
     ]
 
 
-# === Entry point ===
+# === The run ===
 
 
 def _schedule(config: Config, num_train_examples: int | None) -> tuple[int, int]:
@@ -265,9 +235,29 @@ def prepare_run(config: Config, workdir: str, strategy: tf.distribute.Strategy):
     return worker, outdir, datasets, steps_per_epoch, epochs
 
 
+def recipe_of(config: Config) -> Recipe:
+    """The recipe `config.recipe` names."""
+    if config.recipe not in RECIPES:
+        raise ValueError(f"Unknown recipe {config.recipe!r}. Expected one of {sorted(RECIPES)}.")
+    return RECIPES[config.recipe]
+
+
+def _build(config: Config, num_classes: int) -> tuple[keras.Model, keras.Model]:
+    """(the model the recipe trains, the config's ViT inside it)."""
+    recipe = recipe_of(config)
+    backbone = build_backbone(config, **recipe.backbone(config, num_classes))
+    return recipe.model(config, backbone, num_classes), backbone
+
+
+def build_model(config: Config, num_classes: int) -> keras.Model:
+    """The model `config`'s recipe trains, with `weights=config.weights` passed to the builder: for
+    `pretrain` and `finetune`, a classifier returning logits (`training/supervised.py`)."""
+    return _build(config, num_classes)[0]
+
+
 def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.Strategy | None = None,
                        callbacks: Sequence[keras.callbacks.Callback] = (), verbose: str | int = "auto") -> dict:
-    """Trains `config` in `workdir` (resuming from its backup), evaluates, saves the model.
+    """Trains `config` in `workdir` (resuming from its backup), evaluates, saves the recipe's files.
 
     Args:
         config: Config. The run (`training.configs.get_config(name)` plus overrides).
@@ -276,46 +266,40 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
         callbacks: extra Keras callbacks, run after the NaN guard.
         verbose: `model.fit` verbosity (the progress bar). Defaults to `"auto"`.
 
-    `recipe="masked_patches"` runs `training.masked.train_masked_patches` instead (its own summary).
-
     Returns:
-        dict with `top1`, `top5`, `loss` on the eval split, `model_path`, `eval_path`,
-        `optimizer_iterations` and `skipped_examples` (corrupt files left out).
+        dict with the eval split's metrics (`top1`, `top5`, `loss` for the supervised recipes; the masked
+        `loss` and, for classification targets, `masked_accuracy` for `masked_patches`), `num_eval_examples`,
+        `skipped_examples` (corrupt files left out), `optimizer_iterations`, `eval_path` and the paths of
+        the recipe's files (`model_path`; `encoder_path` and `encoder_weights_path` for `masked_patches`).
     """
-    if config.recipe == "masked_patches":  # Self-supervised: no labels, its own outputs (training/masked.py).
-        from . import masked
-        return masked.train_masked_patches(config, workdir, strategy=strategy, callbacks=callbacks, verbose=verbose)
+    recipe = recipe_of(config)
     strategy = strategy or tf.distribute.get_strategy()
     worker, outdir, datasets, steps_per_epoch, epochs = prepare_run(config, workdir, strategy)
-    logging.info("Strategy %s with %d replicas; %s train / %s eval examples, %d classes; %d epochs x %d steps.",
-                 type(strategy).__name__, strategy.num_replicas_in_sync, datasets.num_train_examples,
-                 datasets.num_eval_examples, datasets.num_classes, epochs, steps_per_epoch)
+    logging.info("Recipe %s, strategy %s with %d replicas; %s train / %s eval examples, %d classes; %d epochs x %d "
+                 "steps.", config.recipe, type(strategy).__name__, strategy.num_replicas_in_sync,
+                 datasets.num_train_examples, datasets.num_eval_examples, datasets.num_classes, epochs, steps_per_epoch)
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(PRECISIONS[config.precision])
     try:
         with strategy.scope():
-            model = build_model(config, datasets.num_classes)
-            model.compile(optimizer=make_optimizer(config, epochs * steps_per_epoch), loss=make_loss(config),
-                          metrics=[keras.metrics.CategoricalAccuracy(name="top1"),
-                                   keras.metrics.TopKCategoricalAccuracy(min(5, datasets.num_classes), name="top5")])
-        nan_guard, *standard = make_callbacks(config, workdir, outdir, worker)
-        model.fit(datasets.train, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,  # tf.data shuffles.
-                  validation_data=datasets.eval if config.validate else None,
+            model, backbone = _build(config, datasets.num_classes)
+            model.compile(optimizer=make_optimizer(config, epochs * steps_per_epoch),
+                          **recipe.compile(config, datasets.num_classes))
+        nan_guard, *standard = make_callbacks(config, workdir, outdir, worker, best_metric=recipe.best_metric)
+        eval_data = recipe.inputs(datasets.eval)
+        model.fit(recipe.inputs(datasets.train), epochs=epochs, steps_per_epoch=steps_per_epoch,
+                  shuffle=False,  # tf.data shuffles.
+                  validation_data=eval_data if config.validate else None,
                   callbacks=[nan_guard, *callbacks, *standard], verbose=verbose)
-        results = model.evaluate(datasets.eval, return_dict=True, verbose=0)
+        results = model.evaluate(eval_data, return_dict=True, verbose=0)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
-    model_path = os.path.join(outdir, "model.keras")
-    eval_path = os.path.join(outdir, "model.eval.json")
-    # Saved uncompiled: the file is the deployable model and must load wherever keras_vit is
-    # installed. Its compile state names this package's optimizers and schedule, which only
-    # resuming needs, and resuming restores them from the BackupAndRestore folder instead.
-    keras_vit.ViTModel(model.input, model.output, name=model.name).save(model_path)
-    summary = {"top1": float(results["top1"]), "top5": float(results["top5"]), "loss": float(results["loss"]),
+    summary = {**{name: float(value) for name, value in results.items()},
                "num_eval_examples": datasets.num_eval_examples, "skipped_examples": datasets.skipped,
-               "optimizer_iterations": int(model.optimizer.iterations.numpy()), "model_path": model_path,
-               "eval_path": eval_path}
-    with open(eval_path, "w", encoding="utf-8") as f:
+               "optimizer_iterations": int(model.optimizer.iterations.numpy()),
+               **recipe.save(model, backbone, outdir), "eval_path": os.path.join(outdir, "model.eval.json")}
+    with open(summary["eval_path"], "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
-    logging.info("Eval: top-1 %.4f, top-5 %.4f. Saved %s", summary["top1"], summary["top5"], model_path)
+    logging.info("Eval: %s. Saved %s", ", ".join(f"{name} {float(value):.4f}" for name, value in results.items()),
+                 summary["model_path"])
     return summary

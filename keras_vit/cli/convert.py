@@ -1,7 +1,7 @@
-"""keras-vit-convert: a checkpoint as a Keras file, checked. An original `.npz` (either Flax naming)
-becomes a `.weights.h5` file, compared with the `.npz`-loaded model; a timm or Hugging Face
-`.safetensors` file becomes a `.keras` model or `.weights.h5` file (inputs in [-1, 1]), compared with
-a NumPy forward pass of the source model. Prints the max absolute difference (0 or ~1e-6 when faithful).
+"""keras-vit-convert: a checkpoint as a Keras file, checked. An original `.npz` (either Flax naming) or a
+timm / Hugging Face `.safetensors` file becomes a `.weights.h5` file or a `.keras` model (inputs in [0, 255]
+for an `.npz`, [-1, 1] for a `.safetensors` file). The written file is read back and compared with the
+checkpoint-loaded model; prints the max absolute difference (0 when faithful).
 
     keras-vit-convert ViT-B_16.npz vit_b16_384.weights.h5 --variant B/16 --image-size 384
     keras-vit-convert vit_tiny.safetensors vit_tiny.keras
@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
                                      epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="original .npz checkpoint, or a timm / Hugging Face .safetensors file")
-    parser.add_argument("output", help="output path, ending in .weights.h5 (or .keras for a .safetensors file)")
+    parser.add_argument("output", help="output path, ending in .weights.h5 or .keras")
     parser.add_argument("--variant", help="variant, e.g. B/16 or R50+B/16 (default: read from the checkpoint)")
     parser.add_argument("--image-size", type=int, nargs="+", metavar="SIZE",
                         help="input size, one value (square) or height width (default: the checkpoint's)")
@@ -38,27 +38,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     cli.require("keras-vit-convert", None)
-    from keras_vit import convert, torch_checkpoints
+    from keras_vit import convert
 
     image_size = common.image_size(parser, args.image_size) if args.image_size else None
-    safetensors = args.checkpoint.endswith(".safetensors")
-    suffixes = (".weights.h5", ".keras") if safetensors else (".weights.h5",)
-    if not args.output.endswith(suffixes):
-        parser.error(f"output must end in {' or '.join(suffixes)}. Received: {args.output!r}")
-    if safetensors:
-        difference = torch_checkpoints.convert_safetensors(args.checkpoint, args.output, variant=args.variant,
-                                                           num_heads=args.num_heads, image_size=image_size)
-        print(f"Wrote {args.output}.")
-        print(f"validate_output: max abs difference {difference:.3g} (converted model vs. a NumPy forward pass "
-              "of the source model, on [-1, 1] inputs)")
-        return 0
-    if args.num_heads:
+    if not args.output.endswith((".weights.h5", ".keras")):
+        parser.error(f"output must end in .weights.h5 or .keras. Received: {args.output!r}")
+    if args.num_heads and not args.checkpoint.endswith(".safetensors"):
         parser.error("--num-heads is for .safetensors files; an .npz checkpoint stores its heads.")
-    model, difference = convert.convert_npz(args.checkpoint, args.output, variant=args.variant, image_size=image_size)
+    model, difference = convert.convert_checkpoint(args.checkpoint, args.output, variant=args.variant,
+                                                   num_heads=args.num_heads, image_size=image_size)
     height, width = model.inputs[0].shape[1:3]
     print(f"Wrote {args.output} ({model.count_params():,} parameters, input {height}x{width}, "
           f"output {model.outputs[0].shape[-1]}).")
-    print(f"validate_output: max abs difference {difference:.3g} (converted .weights.h5 model vs. .npz-loaded model)")
+    print(f"validate_output: max abs difference {difference:.3g} (the written file, read back, vs. the "
+          f"checkpoint-loaded model)")
     return 0
 
 

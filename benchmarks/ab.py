@@ -1,0 +1,70 @@
+"""Before/after timing of keras_vit from two source trees, interleaved on the same machine.
+
+    git worktree add /tmp/before main
+    python -m benchmarks.ab /tmp/before . [--cases infer_fp32_bs1,infer_fp32_bs16,train_fp32_bs32] [--rounds 3]
+
+Each (tree, case) runs `benchmarks.worker keras_vit` of that tree in a fresh subprocess with the tree first on
+`PYTHONPATH`; the trees alternate within every case and round (the order rotates), so machine noise hits
+both alike. Prints the median step latency of each and the speed ratio after / before (> 1: faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from benchmarks import cases as cases_lib
+from benchmarks.run import _cpu
+from benchmarks.worker import RESULT_PREFIX
+
+DEFAULT_CASES = "infer_fp32_bs1,infer_fp32_bs16,train_fp32_bs32"
+
+
+def _latencies(tree: str, case: cases_lib.Case, threads: int) -> list[float]:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), TF_CPP_MIN_LOG_LEVEL="2",
+               OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.worker", "keras_vit", str(threads),
+                           json.dumps(case.to_dict())], cwd=tree, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX):])[0]
+            if result.get("status") != "ok":
+                raise RuntimeError(f"{tree} {case.name}: {result.get('note')}")
+            return result["latencies"]
+    raise RuntimeError(f"{tree} {case.name}: worker exited {proc.returncode}: {proc.stderr[-1500:]}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.split("\n\n")[0])
+    parser.add_argument("before", help="source tree of the baseline (e.g. a git worktree of main)")
+    parser.add_argument("after", help="source tree to compare")
+    parser.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated (default: {DEFAULT_CASES})")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    args = parser.parse_args(argv)
+    selected = [case for case in cases_lib.FULL_CASES if case.name in args.cases.split(",")]
+    cpu, isa = _cpu()
+    print(f"CPU: {cpu}; ISA: {', '.join(isa)}; {args.threads} threads; {args.rounds} rounds, trees interleaved")
+    samples = {(case.name, tree): [] for case in selected for tree in (args.before, args.after)}
+    for round_index in range(args.rounds):
+        for case in selected:
+            order = (args.before, args.after) if round_index % 2 == 0 else (args.after, args.before)
+            for tree in order:
+                samples[(case.name, tree)].extend(_latencies(tree, case, args.threads))
+            print(f"[round {round_index + 1}/{args.rounds}] {case.name}: before "
+                  f"{statistics.median(samples[(case.name, args.before)]) * 1e3:.1f} ms, after "
+                  f"{statistics.median(samples[(case.name, args.after)]) * 1e3:.1f} ms", flush=True)
+    print("\n| case | before (ms) | after (ms) | after / before speed |\n|---|---:|---:|---:|")
+    for case in selected:
+        before = statistics.median(samples[(case.name, args.before)])
+        after = statistics.median(samples[(case.name, args.after)])
+        print(f"| {case.name} | {before * 1e3:.1f} | {after * 1e3:.1f} | {before / after:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""Checkpoints: every format keras_vit reads, and how its arrays reach a model.
+
+Layout code (data plus pure NumPy; never imports `keras_vit.models` or `keras_vit.layers`):
+
+    registry          the public checkpoints (`weights=` names) and their download
+    npz               the original `.npz` layout: reading, `KEY_TABLE`, position-embedding resampling
+    safetensors_file  reading `.safetensors` files without torch; PyTorch pickle files refused
+    torch_layout      timm and Hugging Face state dicts translated into the `.npz` layout
+    architecture      one architecture reader for every format
+
+Into a model:
+
+    loader            `resolve` a `weights=` value, `load` it into a built model: all or nothing
+
+The one converter for every format, `keras_vit.convert`, builds models, so it sits above them, outside
+this package. The dependencies run one way: convert -> models -> loader -> layout code. `lint-imports`
+(`.importlinter`, run by tests/test_architecture.py) checks it. `keras_vit.weights` and
+`keras_vit.torch_checkpoints` re-export these modules under their 0.2 paths.
+"""

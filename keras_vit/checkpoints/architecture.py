@@ -1,0 +1,84 @@
+"""The architecture of a checkpoint, read from its key names and shapes: one reader for every format.
+
+Every format is first seen in the original `.npz` layout (`checkpoint_shapes`: an `.npz` file as it is,
+a timm / Hugging Face `.safetensors` file through `torch_layout.npz_shapes`), then `read_architecture`
+reads the `VisionTransformer` arguments from those shapes. Reads no tensor data of a `.safetensors`
+or `.npz` file. Pure NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping, Sequence
+
+from keras_vit import variants
+from keras_vit.checkpoints import npz, safetensors_file, torch_layout
+
+_MLP = "encoderblock_0/MlpBlock_3/Dense_0/kernel"
+_QUERY = "encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
+
+
+def checkpoint_shapes(path: str) -> tuple[dict[str, tuple[int, ...]], str | None]:
+    """(`.npz`-layout key -> shape, PyTorch layout or None) of an `.npz` or `.safetensors` file.
+
+    Raises:
+        ValueError: unreadable file, unknown layout, or a model feature keras_vit does not implement.
+    """
+    safetensors_file.refuse_pickle(path)
+    if not path.endswith(".safetensors"):
+        return npz.read_npz_shapes(path), None
+    shapes = {name: info.shape for name, info in safetensors_file.read_header(path).items()}
+    layout = torch_layout.detect_layout(shapes)
+    torch_layout.check_supported(shapes, layout, origin=path)
+    return torch_layout.npz_shapes(shapes, layout), layout
+
+
+def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | None = None,
+                      num_heads: int | None = None, heads_stored: bool = True) -> dict:
+    """`VisionTransformer` architecture of a checkpoint in the `.npz` layout (key -> shape).
+
+    Args:
+        shapes: `.npz` key (either Flax naming) -> shape.
+        variant: optional variant name; its number of heads is taken.
+        num_heads: optional number of heads.
+        heads_stored: whether the query kernels are (D, heads, head_dim), as in `.npz` files. The
+            PyTorch layouts do not store it: without `num_heads` or `variant`, it is that of the variant
+            with the same patch size, widths and depth.
+
+    Returns:
+        patch_size, hidden_dim, mlp_dim, num_heads, num_layers, resnet_stages (None for a plain ViT),
+        classifier, representation_size, classes (None without a head) and image_size (the square
+        input side of its position embedding).
+    """
+    if "embedding/kernel" not in shapes:
+        raise ValueError(f"Not a ViT checkpoint: no 'embedding/kernel' among its {len(shapes)} keys.")
+    paths = {target[0]: tuple(shape) for key, shape in shapes.items() for target in [npz.keras_path(key)] if target}
+    if _MLP not in paths or _QUERY not in paths:
+        raise ValueError(f"Not a ViT checkpoint: no keys for {_MLP!r} and {_QUERY!r}.")
+    patch, _, _, hidden = shapes["embedding/kernel"]
+    blocks = {m.group(1) for key in shapes for m in [re.match(r"Transformer/encoderblock_(\d+)/", key)] if m}
+    units = [tuple(map(int, m.groups())) for key in shapes for m in [re.match(r"block(\d+)/unit(\d+)/conv1/", key)]
+             if m]
+    stages = tuple(max(u for s, u in units if s == stage) for stage in sorted({s for s, _ in units}))
+    found = dict(patch_size=patch, hidden_dim=hidden, mlp_dim=paths[_MLP][1], num_heads=paths[_QUERY][1],
+                 num_layers=len(blocks), resnet_stages=stages or None,
+                 classifier="token" if "cls" in shapes else "gap",
+                 representation_size=_width(shapes, "pre_logits/bias"), classes=_width(shapes, "head/bias"))
+    if npz.POSEMB_KEY in shapes:
+        side = math.isqrt(shapes[npz.POSEMB_KEY][1] - (found["classifier"] == "token"))
+        found["image_size"] = side * variants.total_stride(found)
+    if num_heads is not None or variant is not None:
+        return dict(found, num_heads=num_heads or variants.decode_variant(variant)["num_heads"])
+    if heads_stored:
+        return found
+    for config in variants.VARIANTS.values():
+        if all(config.get(key) == found[key] for key in ("patch_size", "hidden_dim", "mlp_dim", "num_layers")):
+            return dict(found, num_heads=config["num_heads"])
+    shown = {key: found[key] for key in ("patch_size", "hidden_dim", "mlp_dim", "num_layers")}
+    raise ValueError(f"No keras_vit variant has this checkpoint's architecture {shown}, and the number of heads "
+                     "is not stored in the weights: give the variant (or the number of heads).")
+
+
+def _width(shapes: Mapping[str, Sequence[int]], key: str) -> int | None:
+    return shapes[key][0] if key in shapes else None

@@ -1,0 +1,106 @@
+"""The primitives the layers compute with, and the CPU-specific kernels behind them.
+
+The layers hold the maths (`keras_vit.layers`); they call five primitives for their heavy parts:
+
+    dense(x, kernel, bias)             x (N, in) @ kernel (in, out) + bias
+    batch_matmul(a, b, transpose_b)    a @ b (or a @ b^T) over the last two axes, leading axes batched
+    layer_norm(x, gamma, beta, eps)    LayerNorm of the last axis, statistics in float32
+    gelu(x, approximate)               tanh-approximate (Flax's) or exact erf GELU
+    compiled_inference(call)           a decorator: the layer's own `call`, XLA-compiled in inference
+
+By default each emits the portable `keras.ops` maths, the same on every backend, device and TensorFlow
+build. Inside a `cpu_kernels()` scope, which `keras_vit.ViTModel` enters in its `fit` / `evaluate` /
+`predict` steps (never in exports or your own `tf.function`), the TensorFlow backend may swap in a faster
+kernel for the same maths, each only where it works and pays on this machine (`machine.choose`, one-time
+probes against the portable ops):
+
+- `onednn_layer_norm`: oneDNN's fused LayerNorm where TensorFlow runs on oneDNN (bfloat16 only with AVX-512).
+- `bfloat16_conv_projections`: bfloat16 `dense` as a 1x1 convolution, which oneDNN gives its AMX kernel.
+- `xla_elementwise`: in training steps, the tanh GELU and the LayerNorm backward as XLA-fused loops.
+- `onednn_batch_matmul`: the attention's batched matmuls (and their gradients) by oneDNN's kernel where
+  TensorFlow runs on Eigen, whose batched matmul is 2-4x slower on these shapes on AVX2.
+- `xla_encoder_blocks`: in inference, each float32 encoder block's `call` as one XLA-compiled function,
+  shared by every block of the same shape, for batches of at most `XLA_BLOCK_MAX_ROWS` tokens in all.
+
+Quantized layers (`model.quantize(...)`) take Keras' own quantized path, not these primitives; LoRA layers
+(`enable_lora`) go through them with their merged kernel, and blocks holding either are not XLA-compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+from keras import ops
+
+from keras_vit.kernels import scope, tf_ops
+from keras_vit.kernels.machine import (ENV_SWITCH, PORTABLE, XLA_BLOCK_MAX_ROWS, Capabilities, KernelChoice,
+                                       active, choose, cpu_flags, detect, machine_choice,
+                                       warn_if_bfloat16_is_emulated)
+from keras_vit.kernels.scope import cpu_kernels
+
+
+def dense(x, kernel, bias):
+    """x (N, in) @ kernel (in, out) + bias, kept 2-D so TensorFlow fuses MatMul + BiasAdd."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.matmul(x, kernel) + bias
+    import tensorflow as tf
+    if x.dtype == tf.bfloat16 and active().bfloat16_conv_projections:
+        return tf_ops.conv_projection(x, kernel, bias)
+    return tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
+
+
+def batch_matmul(a, b, transpose_b: bool = False):
+    """a @ b (a @ b^T with `transpose_b`) over the last two axes, leading axes batched; with
+    `transpose_b` no transpose op appears in the forward or backward graph."""
+    if keras.backend.backend() != "tensorflow":
+        return ops.matmul(a, ops.swapaxes(b, -1, -2) if transpose_b else b)
+    import tensorflow as tf
+    if a.dtype == tf.float32 and active().onednn_batch_matmul:
+        return tf_ops.onednn_batch_matmul(a, b, adjoint_b=transpose_b)
+    return tf.linalg.matmul(a, b, transpose_b=transpose_b)
+
+
+def layer_norm(x, gamma, beta, epsilon: float):
+    """LayerNorm of the last axis of `x` (statistics in float32, as keras.layers.LayerNormalization)."""
+    choice = active()
+    if keras.backend.standardize_dtype(x.dtype) in choice.onednn_layer_norm:
+        return tf_ops.onednn_layer_norm(x, ops.cast(gamma, x.dtype), ops.cast(beta, x.dtype), epsilon,
+                                        xla_backward=choice.xla_elementwise)
+    return tf_ops.portable_layer_norm(x, gamma, beta, epsilon)
+
+
+def gelu(x, approximate: bool = True):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), Flax's `nn.gelu` (the original), or with
+    `approximate=False` the exact 0.5 x (1 + erf(x / sqrt(2))) of PyTorch's `nn.GELU()`."""
+    if approximate and scope.mode() == "training" and active().xla_elementwise:
+        return tf_ops.xla_gelu_tanh(x)
+    return keras.activations.gelu(x, approximate=approximate)
+
+
+def compiled_inference(call):
+    """Decorates a layer's `call(x, training=None, ...)`: in float32 inference of a statically known
+    batch of at most `XLA_BLOCK_MAX_ROWS` tokens, with `xla_encoder_blocks` chosen, the same `call` runs
+    as one XLA-compiled function (`tf_ops.compiled_inference_call`); otherwise, or for a layer whose
+    variables are not those of its config (quantized, LoRA), as it is."""
+
+    @functools.wraps(call)
+    def maybe_compiled(layer, x, training=None, **kwargs):
+        if not training and not any(kwargs.values()) and _compilable_input(x) and active().xla_encoder_blocks:
+            compiled = tf_ops.compiled_inference_call(layer, x)
+            if compiled is not None:
+                return compiled
+        return call(layer, x, training=training, **kwargs)
+
+    return maybe_compiled
+
+
+def _compilable_input(x) -> bool:
+    batch, tokens = x.shape[0], x.shape[1]
+    return (batch is not None and tokens is not None and batch * tokens <= XLA_BLOCK_MAX_ROWS
+            and keras.backend.standardize_dtype(x.dtype) == "float32")
+
+
+__all__ = ["ENV_SWITCH", "PORTABLE", "XLA_BLOCK_MAX_ROWS", "Capabilities", "KernelChoice", "active", "batch_matmul",
+           "choose", "compiled_inference", "cpu_flags", "cpu_kernels", "dense", "detect", "gelu", "layer_norm",
+           "machine_choice", "warn_if_bfloat16_is_emulated"]

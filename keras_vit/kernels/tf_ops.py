@@ -1,0 +1,180 @@
+"""The TensorFlow implementations behind the primitives: the portable maths and each CPU-specific kernel.
+
+Nothing here chooses; `keras_vit.kernels.machine` decides which of these a traced op gets.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import keras
+from keras import ops
+
+from keras_vit import _tf_internals
+from keras_vit.kernels import scope
+
+ONEDNN_LAYER_NORM = "_MklLayerNorm"
+ONEDNN_BATCH_MATMUL = "_MklBatchMatMulV2"
+ONEDNN_KERNEL_LABEL = "MklNameChangeOp"  # the label oneDNN's kernels are registered under
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_K = 0.044715
+
+
+def portable_layer_norm(x, gamma, beta, epsilon: float):
+    """LayerNorm of the last axis, statistics in float32 (as keras.layers.LayerNormalization)."""
+    dtype = x.dtype
+    x = ops.cast(x, "float32")
+    mean = ops.mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
+    scale = ops.rsqrt(variance + epsilon) * ops.cast(gamma, "float32")
+    return ops.cast(centered * scale + ops.cast(beta, "float32"), dtype)
+
+
+def conv_projection(x, kernel, bias):
+    """x (N, in) @ kernel + bias as a 1x1 convolution, which oneDNN gives its AMX kernel in bfloat16."""
+    import tensorflow as tf
+    width_in, width_out = kernel.shape
+    y = tf.nn.conv2d(tf.reshape(x, (1, -1, 1, width_in)), tf.reshape(kernel, (1, 1, width_in, width_out)),
+                     strides=1, padding="VALID")
+    return tf.reshape(tf.nn.bias_add(y, bias), (-1, width_out))
+
+
+def onednn_batch_matmul(a, b, adjoint_b: bool = False):
+    """a @ b (or a @ b^T) by oneDNN's batched matmul; the gradients are batched matmuls by it too."""
+    import tensorflow as tf
+
+    def matmul(x, y, adj_x=False, adj_y=False):
+        return _tf_internals.create_op(ONEDNN_BATCH_MATMUL, [x, y], x.dtype, {"T": x.dtype, "adj_x": adj_x,
+                                       "adj_y": adj_y}, name="onednn_batch_matmul", kernel_label=ONEDNN_KERNEL_LABEL)
+
+    @tf.custom_gradient
+    def forward(a, b):
+        def backward(grad):
+            if adjoint_b:  # c = a b^T: da = g b, db = g^T a
+                return matmul(grad, b), matmul(grad, a, adj_x=True)
+            return matmul(grad, b, adj_y=True), matmul(a, grad, adj_x=True)  # c = a b: da = g b^T, db = a^T g
+        return matmul(a, b, adj_y=adjoint_b), backward
+
+    return forward(a, b)
+
+
+def onednn_layer_norm(x, gamma, beta, epsilon: float, xla_backward: bool):
+    """oneDNN's fused LayerNorm forward; the backward is the closed-form LayerNorm gradient."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def forward(x, gamma, beta):
+        y = _tf_internals.create_op(ONEDNN_LAYER_NORM, [x, gamma, beta], x.dtype,
+                                    {"T": x.dtype, "epsilon": epsilon}, name="onednn_layer_norm")
+
+        def backward(dy):
+            if xla_backward:
+                return _layer_norm_backward(x, gamma, dy, epsilon)
+            return _layer_norm_backward.python_function(x, gamma, dy, epsilon)
+        return y, backward
+
+    return forward(x, gamma, beta)
+
+
+def xla_gelu_tanh(x):
+    """tanh GELU with its closed-form gradient, each one XLA-fused loop."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def gelu(x):
+        return gelu_forward(x), lambda dy: _gelu_backward(x, dy)
+
+    return gelu(x)
+
+
+def xla_compiled(function, reduce_retracing: bool = True):
+    """`function` as an XLA-compiled tf.function, built on its first call (TensorFlow stays a lazy
+    import); `.python_function` is the plain function."""
+    compiled = None
+
+    @functools.wraps(function)
+    def call(*args):
+        nonlocal compiled
+        if compiled is None:
+            import tensorflow as tf
+            compiled = tf.function(function, jit_compile=True, autograph=False, reduce_retracing=reduce_retracing)
+        return compiled(*args)
+    call.python_function = function
+    return call
+
+
+@xla_compiled
+def _layer_norm_backward(x, gamma, dy, epsilon: float):
+    """Closed-form LayerNorm gradient (d_x, d_gamma, d_beta) of a forward that kept no stats."""
+    import tensorflow as tf
+    x32, dy32 = tf.cast(x, tf.float32), tf.cast(dy, tf.float32)
+    centered = x32 - tf.reduce_mean(x32, axis=-1, keepdims=True)
+    inv_std = tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
+    normed = centered * inv_std
+    reduce_axes = list(range(len(x.shape) - 1))
+    d_gamma = tf.reduce_sum(dy32 * normed, axis=reduce_axes)
+    d_beta = tf.reduce_sum(dy32, axis=reduce_axes)
+    d_normed = dy32 * tf.cast(gamma, tf.float32)
+    d_x = inv_std * (d_normed - tf.reduce_mean(d_normed, axis=-1, keepdims=True)
+                     - normed * tf.reduce_mean(d_normed * normed, axis=-1, keepdims=True))
+    return tf.cast(d_x, x.dtype), tf.cast(d_gamma, gamma.dtype), tf.cast(d_beta, gamma.dtype)
+
+
+@xla_compiled
+def gelu_forward(x):
+    import tensorflow as tf
+    x32 = tf.cast(x, tf.float32)
+    return tf.cast(0.5 * x32 * (1.0 + tf.tanh(_GELU_C * (x32 + _GELU_K * x32 * x32 * x32))), x.dtype)
+
+
+@xla_compiled
+def _gelu_backward(x, dy):
+    import tensorflow as tf
+    x32 = tf.cast(x, tf.float32)
+    squared = tf.square(x32)
+    t = tf.tanh(_GELU_C * x32 * (1.0 + _GELU_K * squared))
+    slope = 0.5 * (1.0 + t) + 0.5 * x32 * (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_K * squared)
+    return tf.cast(tf.cast(dy, tf.float32) * slope, x.dtype)
+
+
+# === Whole layers, XLA-compiled from outside their maths ===
+
+_compiled_layer_calls: dict = {}
+
+
+def compiled_inference_call(layer: keras.layers.Layer, x):
+    """`layer(x, training=False)`, its own `call` run as one XLA-compiled function of (weights, x); None
+    for a layer whose variables differ from those of a new layer of its config (quantized, LoRA).
+
+    One trace per layer class, config (less the name), variables and input shape, shared by every layer
+    that has them: the twelve blocks of a ViT-B/16 compile once. The trace runs a template layer of that
+    config through `stateless_call` with the given layer's weights, on the portable ops.
+    """
+    config = {key: value for key, value in layer.get_config().items() if key != "name"}
+    variables = tuple((tuple(v.shape), v.dtype, v.trainable) for v in layer.variables)
+    key = (type(layer), repr(sorted(config.items())), tuple(x.shape), keras.backend.standardize_dtype(x.dtype),
+           variables)
+    if key not in _compiled_layer_calls:
+        _compiled_layer_calls[key] = _compile(layer, tuple(x.shape), variables)
+    compiled = _compiled_layer_calls[key]
+    if compiled is None:
+        return None
+    return compiled([v.value for v in layer.trainable_variables], [v.value for v in layer.non_trainable_variables], x)
+
+
+def _compile(layer: keras.layers.Layer, input_shape: tuple, variables: tuple):
+    """The XLA-compiled stateless call of a template of `layer`'s config, or None if its variables differ."""
+    template = type(layer).from_config(layer.get_config())
+    template.build(input_shape)
+    if tuple((tuple(v.shape), v.dtype) for v in template.variables) != tuple(v[:2] for v in variables):
+        return None
+    for weight, (_, _, trainable) in zip(template.variables, variables):
+        weight.trainable = trainable  # stateless_call takes the weights split as the layer splits them
+
+    def run(trainable, non_trainable, x):
+        with scope.cpu_kernels(False):  # XLA compiles the portable ops
+            return template.stateless_call(trainable, non_trainable, x, training=False)[0]
+
+    return xla_compiled(run, reduce_retracing=False)

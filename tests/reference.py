@@ -1,0 +1,228 @@
+"""The NumPy reference forward pass of the tests (float64), written from the paper's equations
+(arXiv:2010.11929, Sec. 3.1, and vit_jax's models_vit.py) on arrays named as in the released `.npz`
+checkpoints. Every test that compares numerics uses it: layers and blocks (`encoder_block`), whole models
+and `.npz` checkpoints (`vit_logits`), and timm / Hugging Face state dicts (`torch_logits`, through this
+file's own statement of those layouts). Independent of keras_vit: its own zoom, its own key names."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def released_names(model_or_layer) -> dict[str, np.ndarray]:
+    """The weights of a keras_vit model or encoder block, float64, under the names of the
+    released `.npz` files (the test's own statement of that layout, not keras_vit's converter)."""
+    arrays = {}
+    for weight in model_or_layer.weights:
+        key = weight.path.replace("/gamma", "/scale").replace("/beta", "/bias")
+        key = key.replace("/attention_output/", "/out/").replace("cls/cls", "cls")
+        if key.split("/")[0].startswith(("encoderblock_", "posembed_input", "encoder_norm")):
+            key = "Transformer/" + key
+        arrays[key] = keras.ops.convert_to_numpy(weight).astype("float64")
+    return arrays
+
+
+def layer_norm(x, scale, bias, eps=1e-6):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps) * scale + bias
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_erf(x):
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def encoder_block(a, block: str, x, attention_scale=1.0, mlp_scale=1.0, *, eps=1e-6, gelu=gelu_tanh):
+    """x + MHA(LN(x)), then + MLP(LN(.)) (GELU in its tanh form by default), for the block named `block`
+    (e.g. "Transformer/encoderblock_0"). The residual branches are multiplied by `attention_scale`
+    and `mlp_scale` (0 or 1 / keep rate under drop path). Returns the output and the attention weights."""
+    y = layer_norm(x, a[f"{block}/LayerNorm_0/scale"], a[f"{block}/LayerNorm_0/bias"], eps)
+    m = f"{block}/MultiHeadDotProductAttention_1"
+    q, k, v = (np.einsum("btd,dhk->bthk", y, a[f"{m}/{n}/kernel"]) + a[f"{m}/{n}/bias"]
+               for n in ("query", "key", "value"))
+    weights = softmax(np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1]))
+    attended = np.einsum("bhqs,bshk->bqhk", weights, v)
+    x = x + attention_scale * (np.einsum("bqhk,hkd->bqd", attended, a[f"{m}/out/kernel"]) + a[f"{m}/out/bias"])
+    y = layer_norm(x, a[f"{block}/LayerNorm_2/scale"], a[f"{block}/LayerNorm_2/bias"], eps)
+    mlp = f"{block}/MlpBlock_3"
+    y = gelu(y @ a[f"{mlp}/Dense_0/kernel"] + a[f"{mlp}/Dense_0/bias"])
+    return x + mlp_scale * (y @ a[f"{mlp}/Dense_1/kernel"] + a[f"{mlp}/Dense_1/bias"]), weights
+
+
+def zoom_linear(grid, new_h, new_w):
+    """scipy.ndimage.zoom(grid, (new_h/h, new_w/w, 1), order=1), point by point."""
+    h, w, _ = grid.shape
+    out = np.zeros((new_h, new_w, grid.shape[2]))
+    for i in range(new_h):
+        y = i * (h - 1) / (new_h - 1) if new_h > 1 else 0.0
+        y0 = min(int(y), h - 1)
+        y1, fy = min(y0 + 1, h - 1), y - y0
+        for j in range(new_w):
+            x = j * (w - 1) / (new_w - 1) if new_w > 1 else 0.0
+            x0 = min(int(x), w - 1)
+            x1, fx = min(x0 + 1, w - 1), x - x0
+            out[i, j] = ((1 - fy) * (1 - fx) * grid[y0, x0] + (1 - fy) * fx * grid[y0, x1]
+                         + fy * (1 - fx) * grid[y1, x0] + fy * fx * grid[y1, x1])
+    return out
+
+
+def _same_pads(size, kernel, stride):
+    total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+def conv(x, kernel, stride, padding):
+    kh, kw, _, out_channels = kernel.shape
+    if padding == "SAME":
+        pads = (_same_pads(x.shape[1], kh, stride), _same_pads(x.shape[2], kw, stride))
+        x = np.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+    oh, ow = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    out = np.zeros((x.shape[0], oh, ow, out_channels))
+    for i in range(kh):
+        for j in range(kw):
+            out += x[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :] @ kernel[i, j]
+    return out
+
+
+def _std_conv(x, kernel, stride):
+    mean = kernel.mean(axis=(0, 1, 2), keepdims=True)
+    std = kernel.std(axis=(0, 1, 2), keepdims=True)  # population std
+    return conv(x, (kernel - mean) / (std + 1e-5), stride, "SAME")
+
+
+def _group_norm(x, scale, bias, groups=32):
+    b, h, w, c = x.shape
+    g = x.reshape(b, h, w, groups, c // groups)
+    g = (g - g.mean(axis=(1, 2, 4), keepdims=True)) / np.sqrt(g.var(axis=(1, 2, 4), keepdims=True) + 1e-6)
+    return g.reshape(b, h, w, c) * scale.reshape(-1) + bias.reshape(-1)
+
+
+def _max_pool_same(x):
+    pads = (_same_pads(x.shape[1], 3, 2), _same_pads(x.shape[2], 3, 2))
+    x = np.pad(x, ((0, 0), pads[0], pads[1], (0, 0)), constant_values=-np.inf)
+    oh, ow = (x.shape[1] - 3) // 2 + 1, (x.shape[2] - 3) // 2 + 1
+    return np.max([x[:, i:i + 2 * oh:2, j:j + 2 * ow:2] for i in range(3) for j in range(3)], axis=0)
+
+
+def _resnet(a, x, stages):
+    x = np.maximum(_group_norm(_std_conv(x, a["conv_root/kernel"], 2), a["gn_root/scale"], a["gn_root/bias"]), 0)
+    x = _max_pool_same(x)
+    for s, units in enumerate(stages, start=1):
+        for u in range(1, units + 1):
+            p, stride = f"block{s}/unit{u}", 2 if s > 1 and u == 1 else 1
+
+            def gn(y, name):
+                return _group_norm(y, a[f"{p}/{name}/scale"], a[f"{p}/{name}/bias"])
+
+            y = np.maximum(gn(_std_conv(x, a[f"{p}/conv1/kernel"], 1), "gn1"), 0)
+            y = np.maximum(gn(_std_conv(y, a[f"{p}/conv2/kernel"], stride), "gn2"), 0)
+            y = gn(_std_conv(y, a[f"{p}/conv3/kernel"], 1), "gn3")
+            residual = gn(_std_conv(x, a[f"{p}/conv_proj/kernel"], stride), "gn_proj") if u == 1 else x
+            x = np.maximum(residual + y, 0)
+    return x
+
+
+def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6, gelu=gelu_tanh, pixels=True):
+    """Logits of the released-layout checkpoint `arrays` on `images` at the images' resolution: pixels in
+    [0, 255] mapped to [-1, 1] as the models' preprocessing does, or, with `pixels=False`, images already in
+    [-1, 1]. `posemb_grid`: the (rows, columns) its position embedding was trained at, square by default;
+    another grid at the images' resolution is resampled with `zoom_linear`. Without a head, the pooled
+    features (through `pre_logits` if present)."""
+    a = {key: np.asarray(value, np.float64) for key, value in arrays.items()}
+    x = images.astype(np.float64) / 127.5 - 1 if pixels else images.astype(np.float64)
+    if resnet_stages:
+        x = _resnet(a, x, resnet_stages)
+    patch = a["embedding/kernel"].shape[0]
+    x = conv(x, a["embedding/kernel"], patch, "VALID") + a["embedding/bias"]
+    gh, gw = x.shape[1:3]
+    x = x.reshape(x.shape[0], gh * gw, -1)
+    posemb = a["Transformer/posembed_input/pos_embedding"][0]
+    prefix = 1 if "cls" in a else 0
+    if prefix:
+        x = np.concatenate([np.broadcast_to(a["cls"], (x.shape[0], 1, x.shape[2])), x], axis=1)
+    old = posemb_grid or (int(np.sqrt(len(posemb) - prefix)),) * 2
+    if tuple(old) != (gh, gw):
+        grid = zoom_linear(posemb[prefix:].reshape(*old, -1), gh, gw).reshape(gh * gw, -1)
+        posemb = np.concatenate([posemb[:prefix], grid])
+    x = x + posemb
+    num_blocks = len({key.split("/")[1] for key in a if key.startswith("Transformer/encoderblock_")})
+    for i in range(num_blocks):
+        x, _ = encoder_block(a, f"Transformer/encoderblock_{i}", x, eps=eps, gelu=gelu)
+    x = layer_norm(x, a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"], eps)
+    x = x[:, 0] if prefix else x.mean(axis=1)
+    if "pre_logits/kernel" in a:
+        x = np.tanh(x @ a["pre_logits/kernel"] + a["pre_logits/bias"])
+    return x @ a["head/kernel"] + a["head/bias"] if "head/kernel" in a else x
+
+
+# --- The PyTorch world's layouts, stated here (not by keras_vit's translator), on the same reference ---
+
+# Numerics of the source models: exact (erf) GELU; LayerNorm epsilon 1e-6 (timm), 1e-12 (Hugging Face).
+TORCH_EPS = {"timm": 1e-6, "huggingface": 1e-12}
+
+
+def _torch_block_names(timm: bool) -> dict[str, str]:
+    if timm:
+        return dict(ln0="norm1", ln2="norm2", out="attn.proj", fc1="mlp.fc1", fc2="mlp.fc2")
+    return dict(ln0="layernorm_before", ln2="layernorm_after", out="attention.output.dense",
+                fc1="intermediate.dense", fc2="output.dense")
+
+
+def released_from_torch(state: dict, num_heads: int) -> dict[str, np.ndarray]:
+    """A timm `VisionTransformer` or Hugging Face `ViT[ForImageClassification|Model]` state dict under the
+    released names and shapes: Linear (out, in) transposed, Conv2d (out, in, kh, kw) to (kh, kw, in, out),
+    query/key/value (fused in timm) split into `num_heads` heads, the HF pooler as `pre_logits`."""
+    t = {key.removeprefix("vit."): np.asarray(value, np.float64) for key, value in state.items()}
+    timm = "patch_embed.proj.weight" in t
+    embed = "patch_embed.proj" if timm else "embeddings.patch_embeddings.projection"
+    norm = "norm" if timm else "layernorm"
+    a = {"embedding/kernel": t[embed + ".weight"].transpose(2, 3, 1, 0), "embedding/bias": t[embed + ".bias"],
+         "cls": t["cls_token" if timm else "embeddings.cls_token"],
+         "Transformer/posembed_input/pos_embedding": t["pos_embed" if timm else "embeddings.position_embeddings"],
+         "Transformer/encoder_norm/scale": t[norm + ".weight"], "Transformer/encoder_norm/bias": t[norm + ".bias"]}
+    for top, released in (("head" if timm else "classifier", "head"), ("pooler.dense", "pre_logits")):
+        if top + ".weight" in t:
+            a[released + "/kernel"], a[released + "/bias"] = t[top + ".weight"].T, t[top + ".bias"]
+    names, blocks, i = _torch_block_names(timm), "blocks" if timm else "encoder.layer", 0
+    while f"{blocks}.{i}.{names['ln0']}.weight" in t:
+        b, r = f"{blocks}.{i}.", f"Transformer/encoderblock_{i}"
+        for name, released in (("ln0", "LayerNorm_0"), ("ln2", "LayerNorm_2")):
+            a[f"{r}/{released}/scale"] = t[f"{b}{names[name]}.weight"]
+            a[f"{r}/{released}/bias"] = t[f"{b}{names[name]}.bias"]
+        for name, released in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
+            a[f"{r}/MlpBlock_3/{released}/kernel"] = t[f"{b}{names[name]}.weight"].T
+            a[f"{r}/MlpBlock_3/{released}/bias"] = t[f"{b}{names[name]}.bias"]
+        if timm:
+            qkv = zip(np.split(t[b + "attn.qkv.weight"], 3), np.split(t[b + "attn.qkv.bias"], 3))
+        else:
+            qkv = [(t[f"{b}attention.attention.{n}.weight"], t[f"{b}attention.attention.{n}.bias"])
+                   for n in ("query", "key", "value")]
+        m = f"{r}/MultiHeadDotProductAttention_1"
+        for name, (weight, bias) in zip(("query", "key", "value"), qkv):
+            a[f"{m}/{name}/kernel"] = weight.T.reshape(weight.shape[1], num_heads, -1)
+            a[f"{m}/{name}/bias"] = bias.reshape(num_heads, -1)
+        out = t[f"{b}{names['out']}.weight"]
+        a[f"{m}/out/kernel"] = out.T.reshape(num_heads, -1, out.shape[0])
+        a[f"{m}/out/bias"] = t[f"{b}{names['out']}.bias"]
+        i += 1
+    return a
+
+
+def torch_logits(state: dict, images, num_heads: int) -> np.ndarray:
+    """The source model's output on NHWC `images` in [-1, 1]: `vit_logits` of `released_from_torch(state)`
+    with its numerics (exact GELU, its epsilon). Logits; without a head, the pooler output or the class token
+    after the norm."""
+    eps = TORCH_EPS["timm" if "patch_embed.proj.weight" in state else "huggingface"]
+    return vit_logits(released_from_torch(state, num_heads), np.asarray(images), eps=eps, gelu=gelu_erf, pixels=False)

@@ -1,0 +1,64 @@
+"""What a training recipe is: the `Recipe` record that the one run (`trainer.train_and_evaluate`) reads,
+and the config's ViT (`build_backbone`) that every recipe trains.
+
+The run owns everything the recipes share: the backbone from the config, the precision policy, the
+optimizer, the callbacks, `fit` / `evaluate` and the summary. A recipe says only what differs: the
+backbone's head or pooling, the model around it, its loss and metrics, what it reads of the data, and the
+files it writes. `trainer.RECIPES` maps `Config.recipe` names to recipes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+import keras_vit
+from .configs import Config
+
+
+def _as_is(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    return dataset
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """One training recipe.
+
+    Attributes:
+        backbone: (config, classes) -> the builder options of the config's ViT (`build_backbone`): its
+            head, or `include_top=False` and a pooling. Raises ValueError for a config it cannot run.
+        model: (config, backbone, classes) -> the model that `fit` trains.
+        compile: (config, classes) -> the `model.compile` arguments besides the optimizer (loss, metrics).
+        save: (trained model, backbone, output folder) -> the paths of the files written, by name.
+        inputs: the (images, labels) datasets as `fit` and `evaluate` read them. Defaults to as they are.
+        best_metric: the metric (higher is better) whose best epoch `checkpoints/best.weights.h5` keeps;
+            None for no best checkpoint.
+    """
+
+    backbone: Callable[[Config, int], dict]
+    model: Callable[[Config, keras.Model, int], keras.Model]
+    compile: Callable[[Config, int], dict]
+    save: Callable[[keras.Model, keras.Model, str], dict[str, str]]
+    inputs: Callable[[tf.data.Dataset], tf.data.Dataset] = _as_is
+    best_metric: str | None = None
+
+
+def pooling(config: Config) -> str:
+    """The `pooling` of a backbone without head: the class token, or the average for `classifier="gap"`."""
+    return "token" if config.classifier == "token" else "avg"
+
+
+def build_backbone(config: Config, **options) -> keras.Model:
+    """The config's ViT: its variant (or, with variant "", its explicit architecture), input size,
+    classifier, dropouts and `weights=config.weights`, built with the recipe's `options`."""
+    architecture = {} if config.variant else dict(
+        patch_size=config.patch_size, hidden_dim=config.hidden_dim, mlp_dim=config.mlp_dim,
+        num_heads=config.num_heads, num_layers=config.num_layers)
+    return keras_vit.VisionTransformer(
+        config.variant or None, weights=config.weights or None, input_shape=(config.image_size, config.image_size, 3),
+        classifier=config.classifier, dropout_rate=config.dropout_rate,
+        attention_dropout_rate=config.attention_dropout_rate, drop_path_rate=config.drop_path_rate,
+        **architecture, **options)
