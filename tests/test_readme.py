@@ -1,21 +1,62 @@
-"""The README's Python examples run as written, in order and in one namespace, as a reader
-would paste them. Blocks after a `<!-- not tested: why -->` comment are skipped (they need
-a download)."""
+"""The README's and docs/*.md's Python examples run as written, in order and in one namespace per file, as a
+reader would paste them. Blocks after a `<!-- not tested: why -->` comment are skipped (they need a
+download). Every relative link of these files points to an existing file."""
 
 import pathlib
 import re
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+MARKDOWN = [README, *DOCS]
 BLOCK = re.compile(r"(<!-- not tested[^>]*-->\s*)?```python\n(.*?)```", re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _blocks(path: pathlib.Path) -> list[tuple[bool, str]]:
+    return [(bool(skip), code) for skip, code in BLOCK.findall(path.read_text(encoding="utf-8"))]
+
+
+def _run_blocks(path: pathlib.Path) -> int:
+    """Executes the file's tested blocks in order in one namespace; returns how many ran."""
+    blocks = [code for skip, code in _blocks(path) if not skip]
+    namespace = {"__name__": f"__{path.stem}__"}
+    name = path.relative_to(ROOT)
+    for index, code in enumerate(blocks):
+        exec(compile(code, f"{name} python block {index}", "exec"), namespace)
+    return len(blocks)
 
 
 @pytest.mark.slow
 def test_readme_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    blocks = [code for skip, code in BLOCK.findall(README.read_text()) if not skip]
-    assert len(blocks) >= 5
-    namespace = {"__name__": "__readme__"}
-    for index, code in enumerate(blocks):
-        exec(compile(code, f"README.md python block {index}", "exec"), namespace)
+    assert _run_blocks(README) >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [path for path in DOCS if _blocks(path)], ids=lambda path: path.name)
+def test_docs_examples_run(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert _run_blocks(path) >= 1, f"{path.name} has python blocks but none is tested"
+
+
+def test_docs_exist_and_are_linked_from_readme():
+    assert DOCS, "docs/*.md is missing"
+    linked = {(README.parent / target.split("#")[0]).resolve()
+              for target in LINK.findall(README.read_text(encoding="utf-8"))}
+    assert [path.name for path in DOCS if path.resolve() not in linked] == []
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda path: str(path.relative_to(ROOT)))
+def test_relative_links_point_to_files(path):
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)  # links, not code
+    missing = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
+            continue  # http(s), mailto, ... and anchors within the file
+        file = target.split("#")[0].split("?")[0]
+        if not (path.parent / file).exists():
+            missing.append(target)
+    assert missing == [], f"{path.relative_to(ROOT)}: links to missing files"
