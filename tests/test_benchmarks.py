@@ -51,6 +51,7 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
         assert "not installed" in why
 
 
+@pytest.mark.slow
 def test_worker_times_a_quick_case_in_this_process(capsys):
     case = next(case for case in cases.cases(quick=True) if case.name == "infer_fp32_bs16")
     worker.main(["keras_vit", "2", json.dumps(case.to_dict())])
@@ -77,6 +78,7 @@ def test_percentile_interpolates_like_numpy(q):
     assert run._percentile(values, q) == pytest.approx(np.percentile(values, 100 * q))
 
 
+@pytest.mark.slow
 def test_torchvision_stub_frozen_batch_norm_is_the_affine_batch_norm():
     torch = pytest.importorskip("torch")
     norm = torchvision_stub._frozen_batch_norm()(3)

@@ -124,6 +124,7 @@ def test_tf2_load_without_keras_vit_matches_keras(exported, images, tmp_path):
     np.testing.assert_array_equal(outputs["jpeg"]["classes"][:, 0], expected["probabilities"].argmax(-1))
 
 
+@pytest.mark.slow
 def test_tf1_serve_tag_matches_keras_and_survives_corrupt_bytes(exported, images):
     model, path = exported
     server = TF1Server(path)
@@ -197,6 +198,7 @@ def test_warmup_requests_replay(exported):
         np.testing.assert_allclose(outputs["probabilities"].sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_crash_mid_export_leaves_no_version_and_keeps_the_old_one(tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise RuntimeError("simulated crash while writing")
@@ -213,6 +215,7 @@ def test_crash_mid_export_leaves_no_version_and_keeps_the_old_one(tmp_path, monk
     assert [p.name for p in tmp_path.iterdir()] == ["3"] and (tmp_path / "3" / "marker").exists()
 
 
+@pytest.mark.slow
 def test_cli_versions_never_overwrite_unless_asked(tmp_path):
     model_file = tmp_path / "tiny.keras"
     tiny_model("plain").save(model_file)
@@ -271,6 +274,7 @@ def check_tflite_report(report: dict, out_dir) -> dict[str, dict]:
     return results
 
 
+@pytest.mark.slow
 def test_tflite_float32_file_matches_keras(tmp_path, images):
     model = tiny_model("plain")
     report = tflite.export_tflite(model, tmp_path, images=images, modes=("float32",), calibration_count=0)

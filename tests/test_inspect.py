@@ -221,6 +221,7 @@ def test_feature_extractor_takes_pre_logits_else_pool():
         fewshot.feature_extractor(tiny_model(include_top=False))
 
 
+@pytest.mark.slow
 def test_digits_few_shot_and_its_command_line(saved_model, capsys):
     model = keras.saving.load_model(saved_model)
     results = fewshot.digits_accuracy(model, shots=(1, 5), seeds=2)

@@ -37,6 +37,7 @@ def _projections(model):
 # Quantization
 # ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, tolerance", [("int8", 0.05), ("int4", 0.25)])
 def test_quantized_logits_stay_close_to_float32(mode, tolerance):
     """Tolerance: max |logit difference| <= `tolerance` x max |logit| (int8: 5%, int4: 25%)."""
@@ -138,6 +139,7 @@ def test_lora_freezes_all_but_its_updates_and_rejects_unknown_targets():
         _model().enable_lora(2, target_names=("query", "qkv"))
 
 
+@pytest.mark.slow
 def test_lora_finetune_of_a_frozen_backbone_lowers_the_loss():
     """Only the LoRA updates (and their projections' biases) train: the head is frozen too."""
     keras.utils.set_random_seed(0)

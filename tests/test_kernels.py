@@ -165,6 +165,7 @@ def _xla_functions(function, x) -> list[str]:
             if f.attr["_XlaMustCompile"].b]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 5])
 def test_xla_encoder_blocks_match_the_portable_inference(monkeypatch, batch):
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=3, classifier_activation=None)
@@ -182,6 +183,7 @@ def test_xla_encoder_blocks_match_the_portable_inference(monkeypatch, batch):
     assert not _xla_functions(_traced(lambda x: model(x, training=False), False), tf.constant(x))
 
 
+@pytest.mark.slow
 def test_xla_encoder_blocks_only_for_small_known_batches(monkeypatch):
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=3)
     _force(monkeypatch, kernels.KernelChoice(xla_encoder_blocks=True))
@@ -343,6 +345,7 @@ def test_fit_evaluate_predict_enter_the_scope_and_jit_compile_does_not(monkeypat
     assert seen and not any(seen), seen
 
 
+@pytest.mark.slow
 def test_calls_and_exports_get_portable_ops(monkeypatch, tmp_path):
     _force(monkeypatch, kernels.KernelChoice(onednn_layer_norm=frozenset({"float32"}), xla_elementwise=True,
                                              onednn_batch_matmul=True, xla_encoder_blocks=True))

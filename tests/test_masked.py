@@ -288,6 +288,7 @@ def test_mirrored_two_cpus_fit_on_images_matches_one_device():
 # === The masked_patches recipe ===
 
 
+@pytest.mark.slow
 def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(tmp_path):
     from keras_vit.training import configs, trainer
 
@@ -317,6 +318,7 @@ def test_masked_patches_recipe_defaults_and_outputs_start_finetune_and_fewshot(t
     np.testing.assert_allclose(results[1], digits_few_shot_reference(encoder, shots=(1,), seeds=2)[1], atol=1e-12)
 
 
+@pytest.mark.slow
 def test_masked_digits_few_shot_matches_ridge_reference():
     """masked_digits measures few-shot accuracy on the training recipes' split (1,437 / 360 digits)."""
     from keras_vit import datasets

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 _SNAPSHOT = """
 import json, logging, os, sys
 import keras
@@ -20,6 +22,7 @@ print(json.dumps({"before": before, "after": state()}))
 """
 
 
+@pytest.mark.slow
 def test_import_leaves_logging_and_environment_as_they_were():
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TF_CPP_MIN_LOG_LEVEL": "2"}
     out = subprocess.run([sys.executable, "-c", _SNAPSHOT], check=True, capture_output=True, text=True,
@@ -29,6 +32,7 @@ def test_import_leaves_logging_and_environment_as_they_were():
     assert states["after"] == states["before"]
 
 
+@pytest.mark.slow
 def test_library_modules_import_without_plotting_image_or_dataset_packages():
     """matplotlib, Pillow and scikit-learn are needed only to draw, read image files or load the digits."""
     script = ("import sys\n"

@@ -92,6 +92,7 @@ def test_cmyk_jpeg_looks_like_the_rgb_original(valid):
     np.testing.assert_allclose(decoded(valid["jpeg_cmyk"]).mean((0, 1)), odd.photo().mean((0, 1)), atol=3)
 
 
+@pytest.mark.slow
 def test_bad_images_fail_with_clear_invalid_argument(bad):
     for name, (_, data, pattern) in bad.items():
         with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
@@ -115,6 +116,7 @@ def test_calibration_folder_decodes_like_serving(valid, bad, tmp_path):
 # === Export limits ===
 
 
+@pytest.mark.slow
 def test_limits_are_set_by_cli_recorded_and_enforced_on_both_signatures(tmp_path, valid):
     model_file = tmp_path / "tiny.keras"
     tiny_model("plain").save(model_file)
@@ -190,6 +192,7 @@ def _send(servers: Servers, request, payload: dict[str, bytes]):
         return error
 
 
+@pytest.mark.slow
 def test_concurrent_mixed_requests_match_single_threaded_answers(export_dir, valid, bad):
     servers = Servers(export_dir)
     payload = {**valid, **{name: data for name, (_, data, _) in bad.items()}}

@@ -41,6 +41,7 @@ def assert_logits_match(logits, expected):
 # --- exact numerics ---
 
 
+@pytest.mark.slow
 def test_timm_ti16_at_224_matches_the_numpy_forward(tmp_path):
     state = timm_state_dict(depth=12, width=192, mlp=768, patch=16, grid=14, classes=1000)
     path = save_safetensors(state, tmp_path / "vit_tiny.safetensors")

@@ -165,6 +165,7 @@ def test_digits_pipeline_shapes_and_split():
         1437, 360)
 
 
+@pytest.mark.slow
 def test_randaugment_and_mixup_give_soft_labels():
     datasets = data.make_datasets(tiny_config("randaugment=true", "mixup_alpha=0.4"))
     images, labels = next(iter(datasets.train))
@@ -208,6 +209,7 @@ def test_inception_crop_returns_requested_size():
     assert crop.shape == (24, 24, 3)
 
 
+@pytest.mark.slow
 def test_unknown_dataset_fails_fast_even_with_download():
     start = time.time()
     with pytest.raises(ValueError, match="Unknown dataset 'no_such_dataset_xyz'"):
@@ -239,6 +241,7 @@ def test_empty_and_missing_image_folders(tmp_path):
         data.folder_source(str(tmp_path), "test")
 
 
+@pytest.mark.slow
 def test_image_folder_trains_and_counts_corrupt_images(tmp_path):
     for split, count in (("train", 6), ("test", 2)):
         for name in ("cat", "dog"):
@@ -253,6 +256,7 @@ def test_image_folder_trains_and_counts_corrupt_images(tmp_path):
     assert os.listdir(tmp_path / "run" / "tensorboard")
 
 
+@pytest.mark.slow
 def test_image_folder_decodes_odd_files_and_skips_bad_ones(tmp_path):
     """Every valid format decodes as serving decodes it; corrupt, truncated, empty, oversized files,
     a folder and a FIFO named like images are skipped and counted, without a crash or a hang."""
@@ -543,6 +547,7 @@ def test_cli_help_explains_every_flag():
     assert "multiworker" in result.stdout and "key=value" in result.stdout
 
 
+@pytest.mark.slow
 def test_cli_print_config_applies_overrides(tmp_path):
     result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--config=finetune", f"--workdir={tmp_path}",
                              "--override=lr=0.01", "--print_config"], env=_env(), capture_output=True, text=True,

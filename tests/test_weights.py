@@ -390,6 +390,7 @@ def test_converter_of_a_headless_checkpoint_writes_a_backbone(vit_file, tmp_path
         build(path)
 
 
+@pytest.mark.slow
 def test_tools_build_a_variant_with_the_head_of_its_weights(tmp_path):
     """`load_or_build` (the commands' --variant/--weights) takes the checkpoint's classes unless told."""
     arrays = vit_checkpoint(dict(patch_size=16, hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12), grid=2,

@@ -1,0 +1,119 @@
+"""One harness, every model family: the same checks for each row of FAMILIES.
+
+`run_model_test` follows keras-hub's `run_backbone_test`: build, every layer built, load a checkpoint in
+the original layout through `weights=`, forward pass against the shared NumPy reference
+(`tests/reference.py`), `predict` equal to the call, `get_config` / `.keras` / `.weights.h5` round trips
+with identical outputs. `test_family_saved_model` adds the TF Serving export (slow). A new family is one
+more row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from tests.reference import gelu_erf, gelu_tanh, vit_logits
+from tests.testing import TINY_HYBRID, TINY_VIT, save_checkpoint, vit_checkpoint
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A model family: builder arguments, the checkpoint it loads, and the reference's numerics."""
+    config: dict
+    input_shape: tuple = (32, 32, 3)
+    checkpoint: dict = dataclasses.field(default_factory=dict)  # vit_checkpoint arguments (grid 4 by default)
+    eps: float = 1e-6
+    gelu: object = gelu_tanh
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return vit_checkpoint(self.config, classes=10, **{"grid": 4, "seed": 1, **self.checkpoint})
+
+    def reference(self, arrays, images) -> np.ndarray:
+        grid = self.checkpoint.get("grid", 4)
+        return vit_logits(arrays, images, resnet_stages=self.config.get("resnet_stages"), posemb_grid=(grid, grid),
+                          eps=self.eps, gelu=self.gelu)
+
+
+FAMILIES = {
+    "vit": Family(TINY_VIT),
+    "vit_gap": Family(dict(TINY_VIT, classifier="gap"), checkpoint={"classifier": "gap"}),
+    "vit_pre_logits": Family(dict(TINY_VIT, representation_size=24), checkpoint={"representation_size": 24}),
+    "vit_resampled_non_square": Family(TINY_VIT, input_shape=(24, 40, 3), checkpoint={"grid": 5}),
+    "vit_pytorch_numerics": Family(dict(TINY_VIT, layer_norm_epsilon=1e-12, gelu_approximate=False),
+                                   eps=1e-12, gelu=gelu_erf),
+    "hybrid": Family(TINY_HYBRID),
+}
+ATOL = 1e-4  # float32 model vs float64 reference, logits of order 1
+
+
+def images(shape, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0, 255, size=(3, *shape)).astype("float32")
+
+
+def build(family: Family, weights: str | None = None) -> keras.Model:
+    return keras_vit.VisionTransformer(**family.config, input_shape=family.input_shape, classes=10,
+                                       classifier_activation=None, weights=weights)
+
+
+def unbuilt_layers(model: keras.Model) -> list[str]:
+    return [layer.path for layer in model._flatten_layers(include_self=False, recursive=True) if not layer.built]
+
+
+def outputs(model: keras.Model, x: np.ndarray) -> np.ndarray:
+    return np.asarray(model(x, training=False))
+
+
+def run_model_test(family: Family, tmp_path) -> tuple[keras.Model, np.ndarray]:
+    """The checks every family passes; returns the loaded model and its logits on `images`."""
+    arrays = family.arrays()
+    model = build(family, weights=save_checkpoint(tmp_path / "checkpoint.npz", arrays))
+    assert unbuilt_layers(model) == []
+    assert model.output_shape == (None, 10)
+    x = images(family.input_shape)
+    logits = outputs(model, x)
+    np.testing.assert_allclose(logits, family.reference(arrays, x), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(model.predict(x, verbose=0), logits, atol=1e-5, rtol=0)
+
+    from_config = keras_vit.models.ViTModel.from_config(model.get_config())
+    assert unbuilt_layers(from_config) == []
+    from_config.set_weights(model.get_weights())
+    np.testing.assert_array_equal(outputs(from_config, x), logits)
+
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")  # safe mode, no custom_objects
+    np.testing.assert_array_equal(outputs(loaded, x), logits)
+    assert [w.path for w in loaded.weights] == [w.path for w in model.weights]
+
+    model.save_weights(tmp_path / "model.weights.h5")
+    rebuilt = build(family)
+    rebuilt.load_weights(tmp_path / "model.weights.h5")
+    np.testing.assert_array_equal(outputs(rebuilt, x), logits)
+    return model, logits
+
+
+FAST_FAMILIES = ("vit",)  # the rest run in the full suite only (`-m "not slow"` is the fast subset)
+
+
+@pytest.mark.parametrize("name", [name if name in FAST_FAMILIES else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in sorted(FAMILIES)])
+def test_family(name, tmp_path):
+    run_model_test(FAMILIES[name], tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vit", "vit_resampled_non_square", "hybrid"])
+def test_family_saved_model(name, tmp_path):
+    import tensorflow as tf
+
+    from keras_vit.export import saved_model
+
+    family = FAMILIES[name]
+    model, logits = run_model_test(family, tmp_path)
+    path = saved_model.export_saved_model(model, tmp_path / "serving")
+    served = tf.saved_model.load(str(path)).signatures["serving_default"]
+    served_logits = served(images=tf.constant(images(family.input_shape)))["logits"].numpy()
+    np.testing.assert_allclose(served_logits, logits, atol=1e-5, rtol=0)
