@@ -395,6 +395,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     (heads, head_dim)) and `attention_output` ((heads, head_dim, D), (D,)): the checkpoints' shapes and
     those of `keras.layers.MultiHeadAttention`, whose weight files load here unchanged.
 
+    Where it pays (`kernels.fused_attention_pays`: JAX and PyTorch on GPUs and TPUs, PyTorch inference on
+    CPUs) and A is neither returned nor dropped out, (A v) is one fused op (`keras.ops.dot_product_attention`).
+
     Args:
         num_heads: int. Attention heads; the hidden size must be divisible by it.
         dropout_rate: float. Dropout on the attention weights in training. Defaults to `0.0`.
@@ -437,29 +440,34 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
 
     def call(self, x, training=None, return_attention_scores=False):
-        head_dim = x.shape[-1] // self.num_heads
-        query, key, value = self._project_qkv(x)  # each (batch, heads, tokens, head_dim)
-        logits = kernels.batch_matmul(query * ops.cast(1.0 / math.sqrt(head_dim), query.dtype), key, transpose_b=True)
-        scores = ops.softmax(logits, axis=-1)  # in the compute dtype, as the original
-        context = kernels.batch_matmul(self.dropout(scores, training=training), value)
-        out = self.output_dense(ops.transpose(context, (0, 2, 1, 3)))
+        qkv = self._project_qkv(x)  # (batch, tokens, 3, heads, head_dim)
+        scale = 1.0 / math.sqrt(x.shape[-1] // self.num_heads)
+        dropout_active = training and self.dropout_rate > 0
+        if not return_attention_scores and not dropout_active and kernels.fused_attention_pays(training):
+            context = kernels.fused_attention(*ops.unstack(qkv, 3, axis=2), scale)  # the same maths as below
+        else:
+            # unstack, not qkv[i]: its gradient is one stack, where strided slices each scatter into a zero-filled
+            # copy of the whole tensor.
+            query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3)  # (batch, heads, tokens, ...)
+            logits = kernels.batch_matmul(query * ops.cast(scale, query.dtype), key, transpose_b=True)
+            scores = ops.softmax(logits, axis=-1)  # in the compute dtype, as the original
+            context = ops.transpose(kernels.batch_matmul(self.dropout(scores, training=training), value),
+                                    (0, 2, 1, 3))
+        out = self.output_dense(context)
         return (out, scores) if return_attention_scores else out
 
     def _project_qkv(self, x):
-        """x W_q, x W_k, x W_v as (batch, heads, tokens, head_dim) each: one matmul of the three kernels side by
-        side (LoRA kernels merged), a third of the ops of three projections. Quantized projections each take
-        Keras' quantized call instead."""
+        """x W_q, x W_k, x W_v side by side, (batch, tokens, 3, heads, head_dim): one matmul of the three kernels
+        concatenated (LoRA kernels merged), a third of the ops of three projections. Quantized projections each
+        take Keras' quantized call instead."""
         projections = (self.query_dense, self.key_dense, self.value_dense)
         if any(projection.quantization_mode for projection in projections):
-            return [ops.transpose(projection(x), (0, 2, 1, 3)) for projection in projections]
+            return ops.stack([projection(x) for projection in projections], axis=2)
         width, heads = x.shape[-1], self.num_heads
         kernel = ops.concatenate([ops.reshape(p.kernel, (width, width)) for p in projections], axis=1)
         bias = ops.concatenate([ops.reshape(p.bias, (width,)) for p in projections], axis=0)
         qkv = kernels.dense(ops.reshape(x, (-1, width)), kernel, bias)
-        qkv = ops.reshape(qkv, (ops.shape(x)[0], ops.shape(x)[1], 3, heads, width // heads))
-        # unstack, not qkv[i]: its gradient is one stack, where strided slices each scatter into a zero-filled
-        # copy of the whole tensor.
-        return ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3, axis=0)
+        return ops.reshape(qkv, (ops.shape(x)[0], ops.shape(x)[1], 3, heads, width // heads))
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -544,6 +552,9 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon: float. Defaults to `1e-6`, as the original.
         gelu_approximate: bool. The MLP's GELU: tanh approximation (`True`, the original's) or
             exact erf (`False`, PyTorch's). Defaults to `True`.
+        remat: bool. Rematerialize the block in training (`kernels.rematerialized`: the backend's gradient
+            checkpointing): its activations are recomputed in the backward pass instead of kept, for the
+            memory of the large variants; same gradients. Needs the three rates at 0. Defaults to `False`.
 
     Call arguments:
         x: (batch, tokens, hidden_dim).
@@ -554,8 +565,14 @@ class TransformerBlock(keras.layers.Layer):
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
                  attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 layer_norm_epsilon: float = LAYER_NORM_EPSILON, gelu_approximate: bool = True, **kwargs):
+                 layer_norm_epsilon: float = LAYER_NORM_EPSILON, gelu_approximate: bool = True, remat: bool = False,
+                 **kwargs):
         super().__init__(**kwargs)
+        if remat and (dropout_rate or attention_dropout_rate or drop_path_rate):
+            raise ValueError(f"remat=True needs a block without random masks (the backward pass would recompute "
+                             f"new ones). Received: dropout_rate={dropout_rate}, attention_dropout_rate="
+                             f"{attention_dropout_rate}, drop_path_rate={drop_path_rate}; expected 0.")
+        self.remat = remat
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
         self.dropout_rate = dropout_rate
@@ -578,8 +595,11 @@ class TransformerBlock(keras.layers.Layer):
             sublayer.build(input_shape)
 
     @kernels.compiled_inference
+    @kernels.rematerialized
     def call(self, x, training=None, return_attention_scores=False):
-        attended, scores = self.attention(self.norm_attention(x), training=training, return_attention_scores=True)
+        attention = self.attention(self.norm_attention(x), training=training,
+                                   return_attention_scores=return_attention_scores)
+        attended, scores = attention if return_attention_scores else (attention, None)
         y = x + self.drop_path(self.dropout(attended, training=training), training=training)
         out = y + self.drop_path(self.mlp(self.norm_mlp(y), training=training), training=training)
         return (out, scores) if return_attention_scores else out
@@ -604,6 +624,7 @@ class TransformerBlock(keras.layers.Layer):
             "drop_path_rate": self.drop_path_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "gelu_approximate": self.gelu_approximate,
+            "remat": self.remat,
         })
         return config
 

@@ -60,6 +60,9 @@ Args:
     dropout_rate: float. Dropout after the position embedding, attention and in the MLP.
     attention_dropout_rate: float. Dropout on attention weights.
     drop_path_rate: float. Stochastic depth, rising linearly from 0 to this rate over the blocks.
+    remat: bool. Rematerialize each encoder block in training (gradient checkpointing): activation
+        memory of one block instead of all, for about a third more compute. Needs `dropout_rate`,
+        `attention_dropout_rate` and `drop_path_rate` at 0. Defaults to `False`.
     layer_norm_epsilon: optional float. Epsilon of every LayerNorm. Defaults to `None`: the
         checkpoint's for a timm (1e-6) or Hugging Face (1e-12) `.safetensors` file, else the
         original's 1e-6. A value that contradicts such a checkpoint is an error.
@@ -215,6 +218,7 @@ def VisionTransformer(
     drop_path_rate: float = 0.0,
     layer_norm_epsilon: float | None = None,
     gelu_approximate: bool | None = None,
+    remat: bool = False,
     name: str = "vision_transformer",
 ) -> keras.Model:
     """Builds a Vision Transformer of any size (arXiv:2010.11929).
@@ -251,7 +255,7 @@ def VisionTransformer(
                        classifier_activation=classifier_activation, include_preprocessing=include_preprocessing,
                        classifier=classifier, representation_size=representation_size,
                        position_embedding=position_embedding, dropout_rate=dropout_rate,
-                       attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate,
+                       attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate, remat=remat,
                        grid_size=(image_shape[0] // stride, image_shape[1] // stride), **numerics)
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
     model = ViTModel(inputs, outputs, name=name)
@@ -276,7 +280,7 @@ def _numerics(weights_source, **requested) -> dict[str, Any]:
 
 def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, classifier_activation,
              include_preprocessing, classifier, representation_size, position_embedding, dropout_rate,
-             attention_dropout_rate, drop_path_rate, grid_size, layer_norm_epsilon, gelu_approximate):
+             attention_dropout_rate, drop_path_rate, remat, grid_size, layer_norm_epsilon, gelu_approximate):
     """The ViT forward pass on a symbolic image tensor, in paper order."""
     x = image
     if include_preprocessing:
@@ -295,7 +299,8 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
         rate = drop_path_rate * i / max(num_layers - 1, 1)
         x = vit_layers.TransformerBlock(config["num_heads"], config["mlp_dim"], dropout_rate,
                                         attention_dropout_rate, rate, layer_norm_epsilon=layer_norm_epsilon,
-                                        gelu_approximate=gelu_approximate, name=f"encoderblock_{i}")(x)
+                                        gelu_approximate=gelu_approximate, remat=remat,
+                                        name=f"encoderblock_{i}")(x)
     x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
     if not include_top and pooling is None:
         return x
@@ -389,7 +394,7 @@ def _make_builder(builder_name: str, variant: str) -> Callable[..., keras.Model]
                 representation_size: int | None = None, position_embedding: str = "learned",
                 dropout_rate: float = 0.0, attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
                 layer_norm_epsilon: float | None = None, gelu_approximate: bool | None = None,
-                name: str = model_name) -> keras.Model:
+                remat: bool = False, name: str = model_name) -> keras.Model:
         return VisionTransformer(
             variant, include_top=include_top, weights=weights, input_tensor=input_tensor,
             input_shape=input_shape, pooling=pooling, classes=classes, classifier_activation=classifier_activation,
@@ -397,7 +402,7 @@ def _make_builder(builder_name: str, variant: str) -> Callable[..., keras.Model]
             representation_size=representation_size, position_embedding=position_embedding,
             dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
             drop_path_rate=drop_path_rate, layer_norm_epsilon=layer_norm_epsilon,
-            gelu_approximate=gelu_approximate, name=name)
+            gelu_approximate=gelu_approximate, remat=remat, name=name)
 
     config = variants.VARIANTS[variant]
     paper_name = variant.replace("+", "+ViT-") if "+" in variant else f"ViT-{variant}"

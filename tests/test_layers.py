@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit import kernels
 from keras_vit import layers as vit_layers
 from tests.reference import encoder_block, gelu_tanh, released_names
 from tests.testing import randomize, run_layer_test, run_serialization_test, to_numpy
@@ -140,6 +141,76 @@ def test_transformer_block_matches_numpy_reference():
     out, scores = layer(x, return_attention_scores=True)
     np.testing.assert_allclose(to_numpy(out), expected, atol=1e-5)
     np.testing.assert_allclose(to_numpy(scores), expected_scores, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_transformer_block_matches_numpy_reference_fused_or_not(fused, monkeypatch):
+    """The fused attention (`keras.ops.dot_product_attention`) and the explicit matmuls give the reference."""
+    monkeypatch.setenv(kernels.FUSED_ATTENTION_SWITCH, fused)
+    layer = keras_vit.TransformerBlock(num_heads=3, mlp_dim=40, name="encoderblock_0")
+    x = np.random.default_rng(4).normal(size=(2, 9, 24)).astype("float32")
+    layer(x)
+    randomize(layer, seed=5)
+    expected, _ = encoder_block(released_names(layer), "Transformer/encoderblock_0", x.astype("float64"))
+    np.testing.assert_allclose(to_numpy(layer(x)), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer(x, training=True)), expected, atol=1e-5)  # no dropout: fused too
+
+
+def test_attention_scores_and_attention_dropout_take_the_explicit_path(monkeypatch):
+    monkeypatch.setenv(kernels.FUSED_ATTENTION_SWITCH, "on")
+
+    def fused_attention(*args):
+        raise AssertionError("fused_attention called")
+
+    monkeypatch.setattr(kernels, "fused_attention", fused_attention)
+    layer = keras_vit.MultiHeadDotProductAttention(num_heads=2, dropout_rate=0.5)
+    x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
+    with pytest.raises(AssertionError, match="fused_attention called"):
+        layer(x)  # inference without scores: fused
+    _, scores = layer(x, return_attention_scores=True)
+    np.testing.assert_allclose(to_numpy(scores).sum(-1), 1.0, atol=1e-5)
+    assert to_numpy(layer(x, training=True)).shape == (2, 5, 8)  # attention dropout: explicit
+
+
+def test_fused_attention_where_it_measured_faster(monkeypatch):
+    monkeypatch.delenv(kernels.FUSED_ATTENTION_SWITCH, raising=False)
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+        expected = {False: jax.default_backend() != "cpu", True: jax.default_backend() != "cpu"}
+    elif backend == "torch":
+        import torch
+        expected = {False: True, True: torch.cuda.is_available()}
+    else:
+        expected = {False: False, True: False}  # TensorFlow: the same composite ops, the explicit path
+    assert {training: kernels.fused_attention_pays(training) for training in (False, True)} == expected
+
+
+def test_rematerialized_block_gives_the_same_training_step(monkeypatch):
+    """`remat=True` (the backend's gradient checkpointing) recomputes activations: same loss, same update."""
+    checkpointed = []
+    original = kernels._checkpointed
+    monkeypatch.setattr(kernels, "_checkpointed", lambda function: checkpointed.append(1) or original(function))
+    x = np.random.default_rng(0).normal(size=(4, 5, 8)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(4, 5, 8)).astype("float32")
+    models = []
+    for remat in (False, True):
+        block = keras_vit.TransformerBlock(num_heads=2, mlp_dim=16, dropout_rate=0.0, remat=remat)
+        model = keras.Sequential([keras.Input((5, 8)), block])
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+        models.append(model)
+    randomize(models[0], seed=2)
+    initial = models[0].get_weights()
+    models[1].set_weights(initial)
+    assert models[1].layers[0].get_config()["remat"] is True
+    losses = [float(model.train_on_batch(x, y)) for model in models]
+    assert checkpointed, "the remat=True block was not checkpointed"
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for plain, rematerialized in zip(models[0].get_weights(), models[1].get_weights()):
+        np.testing.assert_allclose(rematerialized, plain, atol=1e-6)
+    assert max(np.abs(w - w0).max() for w, w0 in zip(models[0].get_weights(), initial)) > 1e-3  # a real step
+    with pytest.raises(ValueError, match=r"remat=True needs a block without random masks.*drop_path_rate=0.1"):
+        keras_vit.TransformerBlock(num_heads=2, mlp_dim=16, drop_path_rate=0.1, remat=True)
 
 
 def test_transformer_block_uses_tanh_gelu_and_epsilon_1e6():

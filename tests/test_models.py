@@ -129,6 +129,16 @@ def test_drop_path_rate_rises_linearly():
 
 
 @pytest.mark.slow
+def test_remat_reaches_every_block_and_its_config():
+    model = tiny(remat=True)
+    blocks = [layer for layer in model.layers if isinstance(layer, keras_vit.TransformerBlock)]
+    assert len(blocks) == TINY_VIT["num_layers"] and all(block.remat for block in blocks)
+    rebuilt = keras_vit.models.ViTModel.from_config(model.get_config())
+    assert all(layer.remat for layer in rebuilt.layers if isinstance(layer, keras_vit.TransformerBlock))
+    with pytest.raises(ValueError, match="remat=True needs a block without random masks"):
+        tiny(remat=True, dropout_rate=0.1)
+
+
 def test_tiny_model_trains():
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=2)
     x = images((32, 16, 16, 3))
