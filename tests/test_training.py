@@ -542,7 +542,8 @@ def test_cli_help_explains_every_flag():
     result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--help"], env=_env(), capture_output=True,
                             text=True, timeout=60)
     assert result.returncode in (0, 1), result.stderr  # absl exits with 1 after printing --help.
-    for flag in ("--config", "--override", "--workdir", "--strategy", "--tpu", "--verbose", "--[no]print_config"):
+    for flag in ("--config", "--override", "--workdir", "--strategy", "--tpu", "--model_parallel", "--verbose",
+                 "--[no]print_config"):
         assert flag in result.stdout
     assert "multiworker" in result.stdout and "key=value" in result.stdout
 

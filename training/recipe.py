@@ -16,6 +16,7 @@ import keras
 import tensorflow as tf
 
 import keras_vit
+from keras_vit import variants
 from .configs import Config
 
 
@@ -51,14 +52,22 @@ def pooling(config: Config) -> str:
     return "token" if config.classifier == "token" else "avg"
 
 
+def _explicit_architecture(config: Config) -> dict:
+    return dict(patch_size=config.patch_size, hidden_dim=config.hidden_dim, mlp_dim=config.mlp_dim,
+                num_heads=config.num_heads, num_layers=config.num_layers)
+
+
+def architecture(config: Config) -> dict:
+    """The config's ViT architecture (`num_heads`, `mlp_dim`, ...): its variant's, or its explicit fields."""
+    return variants.decode_variant(config.variant) if config.variant else _explicit_architecture(config)
+
+
 def build_backbone(config: Config, **options) -> keras.Model:
     """The config's ViT: its variant (or, with variant "", its explicit architecture), input size,
     classifier, dropouts and `weights=config.weights`, built with the recipe's `options`."""
-    architecture = {} if config.variant else dict(
-        patch_size=config.patch_size, hidden_dim=config.hidden_dim, mlp_dim=config.mlp_dim,
-        num_heads=config.num_heads, num_layers=config.num_layers)
+    explicit = {} if config.variant else _explicit_architecture(config)
     return keras_vit.VisionTransformer(
         config.variant or None, weights=config.weights or None, input_shape=(config.image_size, config.image_size, 3),
         classifier=config.classifier, dropout_rate=config.dropout_rate,
         attention_dropout_rate=config.attention_dropout_rate, drop_path_rate=config.drop_path_rate,
-        **architecture, **options)
+        **explicit, **options)

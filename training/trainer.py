@@ -1,7 +1,8 @@
 """`train_and_evaluate(config, workdir)`: the one training run of every recipe. `model.fit` under a
-tf.distribute strategy with crash-safe backups, last (and best) weights, TensorBoard, NaN stop and a final
-evaluation. The recipe is looked up by `config.recipe` in `RECIPES` (`training/recipe.py` says what a recipe
-provides; `supervised.py` and `masked.py` are the recipes).
+tf.distribute strategy (TensorFlow) or a keras.distribution (JAX; `distribute.py`) with crash-safe backups,
+last (and best) weights, TensorBoard, NaN stop and a final evaluation. The recipe is looked up by
+`config.recipe` in `RECIPES` (`training/recipe.py` says what a recipe provides; `supervised.py` and
+`masked.py` are the recipes).
 
 Layout of `workdir` (worker `i > 0` of a multi-worker run writes the same under `workdir/worker_<i>/`):
     backup/worker_<i>/     keras.callbacks.BackupAndRestore (deleted when a run completes); on restart
@@ -29,7 +30,7 @@ import tensorflow as tf
 from . import data as data_lib
 from . import distribute, masked, supervised
 from .configs import Config
-from .recipe import Recipe, build_backbone
+from .recipe import Recipe, architecture, build_backbone
 
 # `Config.recipe` -> what that recipe adds to the run.
 RECIPES: dict[str, Recipe] = {"pretrain": supervised.PRETRAIN, "finetune": supervised.FINETUNE,
@@ -55,11 +56,11 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.peak, self.warmup_steps, self.total_steps, self.decay = peak, warmup_steps, total_steps, decay
 
     def __call__(self, step):
-        step = tf.cast(step, tf.float32)
+        step = keras.ops.cast(step, "float32")
         warmup = step / max(self.warmup_steps, 1)
-        progress = tf.clip_by_value((step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1), 0., 1.)
-        decayed = 0.5 * (1.0 + tf.cos(math.pi * progress)) if self.decay == "cosine" else 1.0 - progress
-        return self.peak * tf.where(step < self.warmup_steps, warmup, decayed)
+        progress = keras.ops.clip((step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1), 0., 1.)
+        decayed = 0.5 * (1.0 + keras.ops.cos(math.pi * progress)) if self.decay == "cosine" else 1.0 - progress
+        return self.peak * keras.ops.where(step < self.warmup_steps, warmup, decayed)
 
     def get_config(self):
         return dict(peak=self.peak, warmup_steps=self.warmup_steps, total_steps=self.total_steps, decay=self.decay)
@@ -93,15 +94,25 @@ class SGD(distribute.AllReducedClipping, keras.optimizers.SGD):
     """keras.optimizers.SGD clipping the all-reduced gradient under tf.distribute."""
 
 
+def optimizer_classes() -> tuple[type, type]:
+    """(AdamW, SGD) for this backend: on TensorFlow the ones above; elsewhere Keras' own, whose update is the
+    fused kernel's formula and whose clipping already sees the whole batch's gradient (a keras.distribution
+    step is one program over the global batch, with no per-replica share to clip)."""
+    if keras.backend.backend() == "tensorflow":
+        return AdamW, SGD
+    return keras.optimizers.AdamW, keras.optimizers.SGD
+
+
 def make_optimizer(config: Config, total_steps: int) -> keras.optimizers.Optimizer:
     """AdamW or SGD with momentum, warmup + decay schedule, global-norm clipping, gradient accumulation."""
     schedule = WarmupDecay(config.lr, config.warmup_steps, total_steps, config.decay)
     common = dict(learning_rate=schedule, global_clipnorm=config.global_clipnorm or None,
                   gradient_accumulation_steps=config.grad_accum_steps if config.grad_accum_steps > 1 else None)
+    adamw, sgd = optimizer_classes()
     if config.optimizer == "adamw":
-        return AdamW(weight_decay=config.weight_decay, beta_1=config.b1, beta_2=config.b2, **common)
+        return adamw(weight_decay=config.weight_decay, beta_1=config.b1, beta_2=config.b2, **common)
     if config.optimizer == "sgd":
-        return SGD(momentum=config.momentum, weight_decay=config.weight_decay or None, **common)
+        return sgd(momentum=config.momentum, weight_decay=config.weight_decay or None, **common)
     raise ValueError(f"Unknown optimizer {config.optimizer!r}. Expected 'adamw' or 'sgd'.")
 
 
@@ -138,12 +149,13 @@ class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
     killed between the workers' writes of the same backup leaves the backups one save apart;
     restored as they are, the workers would start from different weights and epochs, and their
     collectives fail on the first step. After restoring, every worker takes the chief's weights,
-    optimizer state and first epoch.
+    optimizer state and first epoch. Outside multi-worker tf.distribute (one process, as every JAX run
+    here) it is Keras' BackupAndRestore.
     """
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        strategy = self.model.distribute_strategy
+        strategy = getattr(self.model, "distribute_strategy", None)  # TensorFlow's trainer only.
         if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             return
         variables = [*self.model.variables, *self.model.optimizer.variables]
@@ -216,7 +228,7 @@ def _schedule(config: Config, num_train_examples: int | None) -> tuple[int, int]
     return steps, epochs
 
 
-def prepare_run(config: Config, workdir: str, strategy: tf.distribute.Strategy):
+def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy):
     """Checks the config against the strategy, seeds, makes this worker's output folder and the datasets.
 
     Returns:
@@ -225,11 +237,15 @@ def prepare_run(config: Config, workdir: str, strategy: tf.distribute.Strategy):
     if config.precision not in PRECISIONS:
         raise ValueError(f"Unknown precision {config.precision!r}. Expected one of {sorted(PRECISIONS)}.")
     distribute.check_global_batch(config.batch_size, strategy)
+    distribute.check_model_parallel(strategy, architecture(config))
+    if keras.backend.backend() == "jax":
+        distribute.keep_tensorflow_on_cpu()
     worker = distribute.worker_index()
     outdir = workdir if distribute.is_chief() else os.path.join(workdir, f"worker_{worker}")
     os.makedirs(outdir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)
     datasets = data_lib.make_datasets(config)
+    distribute.check_eval_split(datasets.num_eval_examples, strategy)
     steps_per_epoch, epochs = _schedule(config, datasets.num_train_examples)
     logging.info("Config: %s", dataclasses.asdict(config))
     return worker, outdir, datasets, steps_per_epoch, epochs
@@ -255,14 +271,24 @@ def build_model(config: Config, num_classes: int) -> keras.Model:
     return _build(config, num_classes)[0]
 
 
-def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.Strategy | None = None,
+def _current_strategy() -> distribute.Strategy:
+    """The strategy in effect: tf.distribute's current one on TensorFlow, the global keras.distribution
+    (None: one device) on JAX."""
+    if keras.backend.backend() == "jax":
+        return keras.distribution.distribution()
+    return tf.distribute.get_strategy()
+
+
+def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Strategy = None,
                        callbacks: Sequence[keras.callbacks.Callback] = (), verbose: str | int = "auto") -> dict:
     """Trains `config` in `workdir` (resuming from its backup), evaluates, saves the recipe's files.
 
     Args:
         config: Config. The run (`training.configs.get_config(name)` plus overrides).
         workdir: str. Output folder; the same folder resumes an interrupted run.
-        strategy: optional tf.distribute strategy. Defaults to the current (default) strategy.
+        strategy: how the run is distributed (`distribute.get_strategy`): a tf.distribute strategy on
+            TensorFlow, a keras.distribution (`DataParallel`, `ModelParallel`) or None (one device) on JAX.
+            Defaults to the current one (`tf.distribute.get_strategy()`, `keras.distribution.distribution()`).
         callbacks: extra Keras callbacks, run after the NaN guard.
         verbose: `model.fit` verbosity (the progress bar). Defaults to `"auto"`.
 
@@ -273,25 +299,26 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: tf.distribute.
         the recipe's files (`model_path`; `encoder_path` and `encoder_weights_path` for `masked_patches`).
     """
     recipe = recipe_of(config)
-    strategy = strategy or tf.distribute.get_strategy()
+    strategy = strategy or _current_strategy()
     worker, outdir, datasets, steps_per_epoch, epochs = prepare_run(config, workdir, strategy)
     logging.info("Recipe %s, strategy %s with %d replicas; %s train / %s eval examples, %d classes; %d epochs x %d "
-                 "steps.", config.recipe, type(strategy).__name__, strategy.num_replicas_in_sync,
+                 "steps.", config.recipe, distribute.describe(strategy), distribute.num_replicas(strategy),
                  datasets.num_train_examples, datasets.num_eval_examples, datasets.num_classes, epochs, steps_per_epoch)
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(PRECISIONS[config.precision])
     try:
-        with strategy.scope():
+        with distribute.build_scope(strategy):
             model, backbone = _build(config, datasets.num_classes)
             model.compile(optimizer=make_optimizer(config, epochs * steps_per_epoch),
                           **recipe.compile(config, datasets.num_classes))
         nan_guard, *standard = make_callbacks(config, workdir, outdir, worker, best_metric=recipe.best_metric)
         eval_data = recipe.inputs(datasets.eval)
-        model.fit(recipe.inputs(datasets.train), epochs=epochs, steps_per_epoch=steps_per_epoch,
-                  shuffle=False,  # tf.data shuffles.
-                  validation_data=eval_data if config.validate else None,
-                  callbacks=[nan_guard, *callbacks, *standard], verbose=verbose)
-        results = model.evaluate(eval_data, return_dict=True, verbose=0)
+        with distribute.run_scope(strategy):
+            model.fit(recipe.inputs(datasets.train), epochs=epochs, steps_per_epoch=steps_per_epoch,
+                      shuffle=False,  # tf.data shuffles.
+                      validation_data=eval_data if config.validate else None,
+                      callbacks=[nan_guard, *callbacks, *standard], verbose=verbose)
+            results = model.evaluate(eval_data, return_dict=True, verbose=0)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
     summary = {**{name: float(value) for name, value in results.items()},

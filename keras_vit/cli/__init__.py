@@ -1,6 +1,6 @@
 """The command lines of keras_vit, one module per console script (installed with the package):
 
-    keras-vit-train          training/ recipes under tf.distribute (`keras_vit.cli.train`)
+    keras-vit-train          training/ recipes: tf.distribute, or keras.distribution on JAX (`keras_vit.cli.train`)
     keras-vit-export         a TF Serving SavedModel (`keras_vit.cli.export`)
     keras-vit-tflite         verified LiteRT files (`keras_vit.cli.tflite`)
     keras-vit-inspect        the paper's inspection figures (`keras_vit.cli.inspect`)

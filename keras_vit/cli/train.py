@@ -1,10 +1,12 @@
-"""keras-vit-train: the training recipes (`keras_vit.training.train_and_evaluate`) under tf.distribute.
+"""keras-vit-train: the training recipes (`keras_vit.training.train_and_evaluate`) under tf.distribute
+(TensorFlow) or keras.distribution (KERAS_BACKEND=jax).
 
     keras-vit-train --config=digits --workdir=/tmp/digits
     keras-vit-train --config=finetune --workdir=/tmp/ft --override weights=/ckpt/ViT-B_16.npz \\
         --override dataset=cifar10 --override total_steps=10000 --strategy=mirrored
+    KERAS_BACKEND=jax keras-vit-train --config=pretrain --workdir=$HOME/vit_b16   # a TPU VM's chips
 
-Run the same command again after a crash to resume from `workdir/backup/`. Runs on TensorFlow.
+Run the same command again after a crash to resume from `workdir/backup/`.
 """
 
 from __future__ import annotations
@@ -32,11 +34,17 @@ _OVERRIDE = flags.DEFINE_multi_string(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (backups, checkpoints, TensorBoard, model.keras, "
                                "model.eval.json). Rerunning with the same workdir resumes.")
 _STRATEGY = flags.DEFINE_enum("strategy", "auto", list(STRATEGIES),
-                              "tf.distribute strategy: auto (tpu if --tpu, multiworker if TF_CONFIG is set, "
-                              "mirrored on several GPUs, else default), default (one device), mirrored (local "
-                              "GPUs or logical CPUs), multiworker (hosts from TF_CONFIG), tpu.")
-_TPU = flags.DEFINE_string("tpu", "", "TPU address for --strategy=tpu: 'local' on a TPU VM, or a TPU name / "
-                           "grpc:// address.")
+                              "TensorFlow: the tf.distribute strategy: auto (tpu if --tpu, multiworker if TF_CONFIG "
+                              "is set, mirrored on several GPUs, else default), default (one device), mirrored "
+                              "(local GPUs or logical CPUs), multiworker (hosts from TF_CONFIG), tpu. JAX "
+                              "(KERAS_BACKEND=jax): auto (keras.distribution over all devices) or default (one "
+                              "device).")
+_TPU = flags.DEFINE_string("tpu", "", "TensorFlow: TPU address for --strategy=tpu: 'local' on a TPU VM, or a TPU "
+                           "name / grpc:// address. On JAX a TPU VM's chips are found without it.")
+_MODEL_PARALLEL = flags.DEFINE_integer(
+    "model_parallel", 1, "JAX only: devices per model replica. 1: DataParallel (weights replicated, batches "
+    "split over all devices); N > 1: ModelParallel on a (devices/N, N) mesh splitting each encoder block's "
+    "attention heads and MLP width over N devices, for the large variants.")
 _VERBOSE = flags.DEFINE_integer("verbose", 1, "Keras progress output: 0 silent, 1 progress bar, 2 one line "
                                 "per epoch.")
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the recipe with the overrides applied (field "
@@ -50,8 +58,6 @@ def main(argv: list[str]) -> None:
     cli.require("keras-vit-train", "training")
     import dataclasses
 
-    import tensorflow as tf
-
     from keras_vit.training import configs, distribute, trainer
 
     logging.getLogger().setLevel(logging.INFO)
@@ -59,8 +65,8 @@ def main(argv: list[str]) -> None:
     if _PRINT_CONFIG.value:
         print(json.dumps(dataclasses.asdict(config), indent=2))
         return
-    strategy = distribute.get_strategy(_STRATEGY.value, _TPU.value)
-    logging.info("Devices: %s", [device.name for device in tf.config.list_logical_devices()])
+    strategy = distribute.get_strategy(_STRATEGY.value, _TPU.value, _MODEL_PARALLEL.value)
+    logging.info("Devices: %s", distribute.device_names())
     summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
     if config.recipe == "masked_patches":
         print(f"masked patch loss {summary['loss']:.4f}; encoder saved to {summary['encoder_path']} "
