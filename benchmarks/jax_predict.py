@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             r = measure(impl, arch, args.batch, args.iters)
             ratio = r["predict_ms"] / r["jit_ms"]
             failed |= impl == "keras_vit" and args.check is not None and ratio > args.check
-            print(f"| {impl} | {arch} | {r['unbuilt_layers']} | {r['predict_ms']:.1f} | {r['jit_ms']:.1f} | "
+            print(f"| {impl} | {arch} | {r['unbuilt_layers']} | {r['predict_ms']:.2f} | {r['jit_ms']:.2f} | "
                   f"{ratio:.2f}x |", flush=True)
     return 1 if failed else 0
 

@@ -6,6 +6,7 @@ one quick case in this process and check the harness' arithmetic.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,16 @@ def test_torchvision_stub_frozen_batch_norm_is_the_affine_batch_norm():
     expected = ((x - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5) * weight[:, None, None]
                 + bias[:, None, None])
     np.testing.assert_allclose(norm(torch.tensor(x, dtype=torch.float32)).numpy(), expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_jax_predict_benchmark_reports_a_built_model_and_its_ratio():
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.jax_predict", "--impls", "keras_vit", "--archs", "tiny",
+                           "--iters", "2", "--check", "100"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| keras_vit | tiny |"))
+    unbuilt, predict_ms, jit_ms, ratio = [cell.strip() for cell in row.strip("|").split("|")[2:]]
+    assert unbuilt == "0" and float(predict_ms) > 0 and float(jit_ms) > 0
+    assert float(ratio.rstrip("x")) == pytest.approx(float(predict_ms) / float(jit_ms), rel=0.02)
