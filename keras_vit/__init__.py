@@ -21,9 +21,9 @@ else:
     from keras_vit.checkpoints.npz import read_npz, resample_position_embedding
     from keras_vit.checkpoints.registry import Checkpoint, list_weights
     from keras_vit.imagenet import decode_predictions, preprocess_input
-    from keras_vit.layers import (ClassToken, LayerNorm, MlpBlock, MultiHeadDotProductAttention,
-                                  PatchEncoder, Patches, PositionEmbedding, StochasticDepth, TokenPooling,
-                                  TransformerBlock)
+    from keras_vit.layers import (ClassToken, LayerNorm, LayerScale, MlpBlock, MultiHeadDotProductAttention,
+                                  PatchEncoder, Patches, PositionEmbedding, RegisterTokens, StochasticDepth,
+                                  TokenPooling, TransformerBlock)
     from keras_vit.masked import (MaskedPatchHead, MaskedPatchModel, PatchCorruption, PatchTargets,
                                   PatchTokens, masked_patch_loss, masked_patch_model, patch_targets,
                                   transfer_encoder_weights)

@@ -26,6 +26,7 @@ from keras_vit import kernels
 LAYER_NORM_EPSILON = 1e-6
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
 POOLINGS = ("token", "avg")
+ACTIVATIONS = ("gelu", "quick_gelu")
 
 _register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -182,6 +183,78 @@ class ClassToken(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         num_tokens = None if input_shape[1] is None else input_shape[1] + 1
         return (input_shape[0], num_tokens, input_shape[2])
+
+
+@_register
+class RegisterTokens(keras.layers.Layer):
+    """Inserts `num_tokens` learned register tokens (weight `registers`, zeros at init; Darcet et al. 2024,
+    "Vision Transformers Need Registers") into a token sequence at index `position`: after the class
+    token (`position=1`) or in front (`0`). They take no position embedding.
+
+    Args:
+        num_tokens: int. Number of registers (DINOv2: 4).
+        position: int. Index of the first register in the output. Defaults to `0`.
+
+    Call arguments:
+        tokens: (batch, num_tokens_in, hidden_dim).
+
+    Returns:
+        (batch, num_tokens_in + num_tokens, hidden_dim).
+    """
+
+    def __init__(self, num_tokens: int, position: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        if num_tokens < 1 or position < 0:
+            raise ValueError(f"RegisterTokens needs num_tokens >= 1 and position >= 0. Received: "
+                             f"num_tokens={num_tokens}, position={position}")
+        self.num_tokens = num_tokens
+        self.position = position
+
+    def build(self, input_shape):
+        self.registers = self.add_weight(name="registers", shape=(1, self.num_tokens, input_shape[-1]),
+                                         initializer="zeros")
+
+    def call(self, tokens):
+        registers = ops.broadcast_to(self.registers, (ops.shape(tokens)[0], self.num_tokens, tokens.shape[-1]))
+        registers = ops.cast(registers, tokens.dtype)
+        return ops.concatenate([tokens[:, :self.position], registers, tokens[:, self.position:]], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        num_tokens = None if input_shape[1] is None else input_shape[1] + self.num_tokens
+        return (input_shape[0], num_tokens, input_shape[2])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_tokens": self.num_tokens, "position": self.position})
+        return config
+
+
+@_register
+class LayerScale(keras.layers.Layer):
+    """x * gamma: a learned per-channel scale of a residual branch (CaiT; DeiT-III, DINOv2), weight `gamma`.
+
+    Args:
+        init_value: float. Initial value of every channel's scale. Defaults to `1e-5`.
+    """
+
+    def __init__(self, init_value: float = 1e-5, **kwargs):
+        super().__init__(**kwargs)
+        self.init_value = init_value
+
+    def build(self, input_shape):
+        self.gamma = self.add_weight(name="gamma", shape=(input_shape[-1],),
+                                     initializer=keras.initializers.Constant(self.init_value))
+
+    def call(self, x):
+        return x * ops.cast(self.gamma, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"init_value": self.init_value})
+        return config
 
 
 def sincos_2d_position_embedding(grid_size: tuple[int, int], width: int,
@@ -402,6 +475,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         num_heads: int. Attention heads; the hidden size must be divisible by it.
         dropout_rate: float. Dropout on the attention weights in training. Defaults to `0.0`.
         kernel_initializer: initializer of the four kernels. Defaults to `"glorot_uniform"`.
+        qk_norm: bool. LayerNorm each head's q and k (over head_dim; sublayers `query_norm`, `key_norm`)
+            before the logits, as timm's `qk_norm`. Defaults to `False`.
+        layer_norm_epsilon: float. Epsilon of those norms. Defaults to `1e-6`.
 
     Call arguments:
         x: (batch, tokens, hidden_dim).
@@ -410,11 +486,14 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             tokens, tokens).
     """
 
-    def __init__(self, num_heads: int, dropout_rate: float = 0.0, kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(self, num_heads: int, dropout_rate: float = 0.0, kernel_initializer="glorot_uniform",
+                 qk_norm: bool = False, layer_norm_epsilon: float = LAYER_NORM_EPSILON, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.dropout_rate = dropout_rate
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.qk_norm = qk_norm
+        self.layer_norm_epsilon = layer_norm_epsilon
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -433,6 +512,11 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         self.output_dense.build((*input_shape[:-1], heads, head_dim))
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
         self.dropout.build((input_shape[0], heads, input_shape[1], input_shape[1]))
+        self.query_norm, self.key_norm = (
+            LayerNorm(epsilon=self.layer_norm_epsilon, name=name, dtype=self.dtype_policy) if self.qk_norm
+            else keras.layers.Identity(name=name, dtype=self.dtype_policy) for name in ("query_norm", "key_norm"))
+        for norm in (self.query_norm, self.key_norm):
+            norm.build((*input_shape[:-1], heads, head_dim))
 
     def _new_kernel_initializer(self):
         """A copy of the kernel initializer per projection: an unseeded Keras initializer instance draws the
@@ -444,11 +528,13 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         scale = 1.0 / math.sqrt(x.shape[-1] // self.num_heads)
         dropout_active = training and self.dropout_rate > 0
         if not return_attention_scores and not dropout_active and kernels.fused_attention_pays(training):
-            context = kernels.fused_attention(*ops.unstack(qkv, 3, axis=2), scale)  # the same maths as below
+            query, key, value = ops.unstack(qkv, 3, axis=2)  # (batch, tokens, heads, head_dim)
+            context = kernels.fused_attention(self.query_norm(query), self.key_norm(key), value, scale)  # as below
         else:
             # unstack, not qkv[i]: its gradient is one stack, where strided slices each scatter into a zero-filled
             # copy of the whole tensor.
             query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3)  # (batch, heads, tokens, ...)
+            query, key = self.query_norm(query), self.key_norm(key)
             logits = kernels.batch_matmul(query * ops.cast(scale, query.dtype), key, transpose_b=True)
             scores = ops.softmax(logits, axis=-1)  # in the compute dtype, as the original
             context = ops.transpose(kernels.batch_matmul(self.dropout(scores, training=training), value),
@@ -482,7 +568,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"num_heads": self.num_heads, "dropout_rate": self.dropout_rate,
-                       "kernel_initializer": keras.initializers.serialize(self.kernel_initializer)})
+                       "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                       "qk_norm": self.qk_norm, "layer_norm_epsilon": self.layer_norm_epsilon})
         return config
 
 
@@ -495,17 +582,23 @@ class MlpBlock(keras.layers.Layer):
         dropout_rate: float. Dropout after the GELU and after the second Dense. Defaults to `0.0`.
         gelu_approximate: bool. `True`: tanh-approximate GELU (the original's Flax `nn.gelu`);
             `False`: exact erf GELU (PyTorch's `nn.GELU()`, timm and Hugging Face). Defaults to `True`.
+        activation: `"gelu"` (as `gelu_approximate` says) or `"quick_gelu"`, x * sigmoid(1.702 x) (OpenAI
+            CLIP). Defaults to `"gelu"`.
 
     Call arguments:
         x: (..., D).
         training: bool. Dropout on when True.
     """
 
-    def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, gelu_approximate: bool = True, **kwargs):
+    def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, gelu_approximate: bool = True,
+                 activation: str = "gelu", **kwargs):
         super().__init__(**kwargs)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"Unknown activation {activation!r}. Expected one of {ACTIVATIONS}.")
         self.mlp_dim = mlp_dim
         self.dropout_rate = dropout_rate
         self.gelu_approximate = gelu_approximate
+        self.activation = activation
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -519,8 +612,13 @@ class MlpBlock(keras.layers.Layer):
         self.dropout.build((*input_shape[:-1], self.mlp_dim))
 
     def call(self, x, training=None):
-        h = self.dropout(kernels.gelu(self.dense_0(x), self.gelu_approximate), training=training)
+        h = self.dropout(self._activation(self.dense_0(x)), training=training)
         return self.dropout(self.dense_1(h), training=training)
+
+    def _activation(self, h):
+        if self.activation == "quick_gelu":
+            return h * ops.sigmoid(ops.cast(1.702, h.dtype) * h)
+        return kernels.gelu(h, self.gelu_approximate)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -528,7 +626,7 @@ class MlpBlock(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"mlp_dim": self.mlp_dim, "dropout_rate": self.dropout_rate,
-                       "gelu_approximate": self.gelu_approximate})
+                       "gelu_approximate": self.gelu_approximate, "activation": self.activation})
         return config
 
 
@@ -536,8 +634,10 @@ class MlpBlock(keras.layers.Layer):
 class TransformerBlock(keras.layers.Layer):
     """Pre-norm Transformer encoder block of ViT (paper Eq. 2-3):
 
-        y = x + DropPath(Dropout(MHA(LN(x))))
-        out = y + DropPath(MLP(LN(y)))
+        y = x + DropPath(LS1(Dropout(MHA(LN(x)))))
+        out = y + DropPath(LS2(MLP(LN(y))))
+
+    LS1, LS2 are the identity unless `layer_scale_init` is set (then x * gamma, per channel).
 
     Sublayers carry the original checkpoint names: `LayerNorm_0`, `MultiHeadDotProductAttention_1`,
     `LayerNorm_2`, `MlpBlock_3`. Dropout and drop path act in training only. On CPUs where it pays,
@@ -552,6 +652,10 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon: float. Defaults to `1e-6`, as the original.
         gelu_approximate: bool. The MLP's GELU: tanh approximation (`True`, the original's) or
             exact erf (`False`, PyTorch's). Defaults to `True`.
+        activation: the MLP's `"gelu"` or `"quick_gelu"` (`MlpBlock`). Defaults to `"gelu"`.
+        layer_scale_init: optional float. Scale each residual branch by a learned per-channel `gamma`
+            (sublayers `ls1`, `ls2`: DeiT-III, DINOv2) starting at this value. Defaults to `None`: no scale.
+        qk_norm: bool. LayerNorm the attention's q and k per head. Defaults to `False`.
         remat: bool. Rematerialize the block in training (`kernels.rematerialized`: the backend's gradient
             checkpointing): its activations are recomputed in the backward pass instead of kept, for the
             memory of the large variants; same gradients. Needs the three rates at 0. Defaults to `False`.
@@ -565,8 +669,9 @@ class TransformerBlock(keras.layers.Layer):
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
                  attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
-                 layer_norm_epsilon: float = LAYER_NORM_EPSILON, gelu_approximate: bool = True, remat: bool = False,
-                 **kwargs):
+                 layer_norm_epsilon: float = LAYER_NORM_EPSILON, gelu_approximate: bool = True,
+                 activation: str = "gelu", layer_scale_init: float | None = None, qk_norm: bool = False,
+                 remat: bool = False, **kwargs):
         super().__init__(**kwargs)
         if remat and (dropout_rate or attention_dropout_rate or drop_path_rate):
             raise ValueError(f"remat=True needs a block without random masks (the backward pass would recompute "
@@ -580,18 +685,27 @@ class TransformerBlock(keras.layers.Layer):
         self.drop_path_rate = drop_path_rate
         self.layer_norm_epsilon = layer_norm_epsilon
         self.gelu_approximate = gelu_approximate
+        self.activation = activation
+        self.layer_scale_init = layer_scale_init
+        self.qk_norm = qk_norm
 
     def build(self, input_shape):
         policy = self.dtype_policy  # the attention layer's build checks that num_heads divides the width
         kernels.warn_if_bfloat16_is_emulated(self.compute_dtype)
         self.norm_attention = LayerNorm(epsilon=self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
-        self.attention = MultiHeadDotProductAttention(self.num_heads, self.attention_dropout_rate,
-                                                      name="MultiHeadDotProductAttention_1", dtype=policy)
+        self.attention = MultiHeadDotProductAttention(
+            self.num_heads, self.attention_dropout_rate, qk_norm=self.qk_norm,
+            layer_norm_epsilon=self.layer_norm_epsilon, name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_mlp = LayerNorm(epsilon=self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
-        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, name="MlpBlock_3", dtype=policy)
+        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, self.activation,
+                            name="MlpBlock_3", dtype=policy)
+        self.scale_attention, self.scale_mlp = (
+            keras.layers.Identity(name=name, dtype=policy) if self.layer_scale_init is None
+            else LayerScale(self.layer_scale_init, name=name, dtype=policy) for name in ("ls1", "ls2"))
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy)
         self.drop_path = StochasticDepth(self.drop_path_rate, dtype=policy)
-        for sublayer in (self.norm_attention, self.attention, self.norm_mlp, self.mlp, self.dropout, self.drop_path):
+        for sublayer in (self.norm_attention, self.attention, self.norm_mlp, self.mlp, self.scale_attention,
+                         self.scale_mlp, self.dropout, self.drop_path):
             sublayer.build(input_shape)
 
     @kernels.compiled_inference
@@ -600,8 +714,8 @@ class TransformerBlock(keras.layers.Layer):
         attention = self.attention(self.norm_attention(x), training=training,
                                    return_attention_scores=return_attention_scores)
         attended, scores = attention if return_attention_scores else (attention, None)
-        y = x + self.drop_path(self.dropout(attended, training=training), training=training)
-        out = y + self.drop_path(self.mlp(self.norm_mlp(y), training=training), training=training)
+        y = x + self.drop_path(self.scale_attention(self.dropout(attended, training=training)), training=training)
+        out = y + self.drop_path(self.scale_mlp(self.mlp(self.norm_mlp(y), training=training)), training=training)
         return (out, scores) if return_attention_scores else out
 
     def compute_output_shape(self, input_shape):
@@ -624,6 +738,9 @@ class TransformerBlock(keras.layers.Layer):
             "drop_path_rate": self.drop_path_rate,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "gelu_approximate": self.gelu_approximate,
+            "activation": self.activation,
+            "layer_scale_init": self.layer_scale_init,
+            "qk_norm": self.qk_norm,
             "remat": self.remat,
         })
         return config
@@ -632,27 +749,30 @@ class TransformerBlock(keras.layers.Layer):
 @_register
 class TokenPooling(keras.layers.Layer):
     """Pools a token sequence to one vector: `"token"` takes row 0 (the class token),
-    `"avg"` averages all rows (the original's `"gap"` classifier).
+    `"avg"` averages the rows after the first `num_prefix_tokens` (all rows by default: the original's
+    `"gap"` classifier; the patch tokens only with `num_prefix_tokens`, as timm's `global_pool="avg"`).
 
     Args:
         method: str. `"token"` or `"avg"`.
+        num_prefix_tokens: int. Rows `"avg"` leaves out (class and register tokens). Defaults to `0`.
     """
 
-    def __init__(self, method: str, **kwargs):
+    def __init__(self, method: str, num_prefix_tokens: int = 0, **kwargs):
         super().__init__(**kwargs)
         if method not in POOLINGS:
             raise ValueError(f"Unknown pooling {method!r}. Expected one of {POOLINGS}.")
         self.method = method
+        self.num_prefix_tokens = num_prefix_tokens
 
     def call(self, tokens):
         if self.method == "token":
             return tokens[:, 0]
-        return ops.mean(tokens, axis=1)
+        return ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])
 
     def get_config(self):
         config = super().get_config()
-        config.update({"method": self.method})
+        config.update({"method": self.method, "num_prefix_tokens": self.num_prefix_tokens})
         return config

@@ -60,6 +60,19 @@ Args:
     dropout_rate: float. Dropout after the position embedding, attention and in the MLP.
     attention_dropout_rate: float. Dropout on attention weights.
     drop_path_rate: float. Stochastic depth, rising linearly from 0 to this rate over the blocks.
+    Options of the ViT family (DeiT-III, DINOv2, CLIP; timm's names in brackets):
+    activation: `"gelu"` (as `gelu_approximate` says) or `"quick_gelu"` (OpenAI CLIP). Defaults to `"gelu"`.
+    layer_scale_init: optional float. Per-channel learned scales of every residual branch, starting at
+        this value (`init_values`). Defaults to `None`: none.
+    qk_norm: bool. LayerNorm each head's q and k (`qk_norm`). Defaults to `False`.
+    num_register_tokens: int. Learned register tokens after the class token, without a position
+        (`reg_tokens`; DINOv2 uses 4). Defaults to `0`.
+    no_embed_class: bool. The position embedding covers only the patches; the class token is prepended
+        after it is added (`no_embed_class`: DeiT-III). Defaults to `False`.
+    norm_pre: bool. A LayerNorm after the embedding, before the blocks (`norm_pre`: CLIP). Defaults to
+        `False`.
+    fc_norm: bool. Instead of the final norm of every token, a LayerNorm after the average of the patch
+        tokens, which the head then pools (`global_pool="avg", fc_norm=True`). Defaults to `False`.
     remat: bool. Rematerialize each encoder block in training (gradient checkpointing): activation
         memory of one block instead of all, for about a third more compute. Needs `dropout_rate`,
         `attention_dropout_rate` and `drop_path_rate` at 0. Defaults to `False`.
@@ -218,6 +231,13 @@ def VisionTransformer(
     drop_path_rate: float = 0.0,
     layer_norm_epsilon: float | None = None,
     gelu_approximate: bool | None = None,
+    activation: str = "gelu",
+    layer_scale_init: float | None = None,
+    qk_norm: bool = False,
+    num_register_tokens: int = 0,
+    no_embed_class: bool = False,
+    norm_pre: bool = False,
+    fc_norm: bool = False,
     remat: bool = False,
     name: str = "vision_transformer",
 ) -> keras.Model:
@@ -256,6 +276,9 @@ def VisionTransformer(
                        classifier=classifier, representation_size=representation_size,
                        position_embedding=position_embedding, dropout_rate=dropout_rate,
                        attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate, remat=remat,
+                       family=dict(activation=activation, layer_scale_init=layer_scale_init, qk_norm=qk_norm,
+                                   num_register_tokens=num_register_tokens, no_embed_class=no_embed_class,
+                                   norm_pre=norm_pre, fc_norm=fc_norm),
                        grid_size=(image_shape[0] // stride, image_shape[1] // stride), **numerics)
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
     model = ViTModel(inputs, outputs, name=name)
@@ -280,7 +303,8 @@ def _numerics(weights_source, **requested) -> dict[str, Any]:
 
 def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, classifier_activation,
              include_preprocessing, classifier, representation_size, position_embedding, dropout_rate,
-             attention_dropout_rate, drop_path_rate, remat, grid_size, layer_norm_epsilon, gelu_approximate):
+             attention_dropout_rate, drop_path_rate, remat, family, grid_size, layer_norm_epsilon,
+             gelu_approximate):
     """The ViT forward pass on a symbolic image tensor, in paper order."""
     x = image
     if include_preprocessing:
@@ -290,21 +314,36 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
         x = resnet.resnet_stem(x, config["resnet_stages"])
     x = vit_layers.PatchEncoder(config["hidden_dim"], config["patch_size"], name="embedding")(x)
     prefix = 1 if classifier == "token" else 0
-    if prefix:
+    embedded_prefix = 0 if family["no_embed_class"] else prefix  # the prefix tokens the position table covers
+    if embedded_prefix:
         x = vit_layers.ClassToken(name="cls")(x)
-    x = vit_layers.PositionEmbedding(grid_size, prefix, position_embedding, name="posembed_input")(x)
+    x = vit_layers.PositionEmbedding(grid_size, embedded_prefix, position_embedding, name="posembed_input")(x)
+    registers = family["num_register_tokens"]
+    if registers:
+        x = vit_layers.RegisterTokens(registers, position=embedded_prefix, name="registers")(x)
+    if prefix and not embedded_prefix:
+        x = vit_layers.ClassToken(name="cls")(x)
     x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
+    if family["norm_pre"]:
+        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="norm_pre")(x)
     num_layers = config["num_layers"]
     for i in range(num_layers):
         rate = drop_path_rate * i / max(num_layers - 1, 1)
         x = vit_layers.TransformerBlock(config["num_heads"], config["mlp_dim"], dropout_rate,
                                         attention_dropout_rate, rate, layer_norm_epsilon=layer_norm_epsilon,
-                                        gelu_approximate=gelu_approximate, remat=remat,
-                                        name=f"encoderblock_{i}")(x)
-    x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
+                                        gelu_approximate=gelu_approximate, activation=family["activation"],
+                                        layer_scale_init=family["layer_scale_init"], qk_norm=family["qk_norm"],
+                                        remat=remat, name=f"encoderblock_{i}")(x)
+    if not family["fc_norm"]:
+        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
     if not include_top and pooling is None:
         return x
-    x = vit_layers.TokenPooling("token" if include_top and prefix else pooling or "avg", name="pool")(x)
+    method = "avg" if family["fc_norm"] else "token" if include_top and prefix else pooling or "avg"
+    # Models of 0.2.0 average every token; with the family's options, the patch tokens only (as timm).
+    skipped = prefix + registers if registers or family["fc_norm"] else 0
+    x = vit_layers.TokenPooling(method, num_prefix_tokens=skipped, name="pool")(x)
+    if family["fc_norm"]:
+        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="fc_norm")(x)
     if representation_size:
         x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
     if not include_top:

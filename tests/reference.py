@@ -44,21 +44,32 @@ def softmax(x):
     return e / e.sum(-1, keepdims=True)
 
 
+def quick_gelu(x):
+    return x / (1 + np.exp(-1.702 * x))
+
+
 def encoder_block(a, block: str, x, attention_scale=1.0, mlp_scale=1.0, *, eps=1e-6, gelu=gelu_tanh):
     """x + MHA(LN(x)), then + MLP(LN(.)) (GELU in its tanh form by default), for the block named `block`
     (e.g. "Transformer/encoderblock_0"). The residual branches are multiplied by `attention_scale`
-    and `mlp_scale` (0 or 1 / keep rate under drop path). Returns the output and the attention weights."""
+    and `mlp_scale` (0 or 1 / keep rate under drop path), and by the layer scales `ls1/scale`, `ls2/scale`
+    where `a` has them; q and k are LayerNormed per head where `a` has `query_norm` / `key_norm`. Returns the
+    output and the attention weights."""
     y = layer_norm(x, a[f"{block}/LayerNorm_0/scale"], a[f"{block}/LayerNorm_0/bias"], eps)
     m = f"{block}/MultiHeadDotProductAttention_1"
     q, k, v = (np.einsum("btd,dhk->bthk", y, a[f"{m}/{n}/kernel"]) + a[f"{m}/{n}/bias"]
                for n in ("query", "key", "value"))
+    if f"{m}/query_norm/scale" in a:
+        q = layer_norm(q, a[f"{m}/query_norm/scale"], a[f"{m}/query_norm/bias"], eps)
+        k = layer_norm(k, a[f"{m}/key_norm/scale"], a[f"{m}/key_norm/bias"], eps)
     weights = softmax(np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1]))
     attended = np.einsum("bhqs,bshk->bqhk", weights, v)
-    x = x + attention_scale * (np.einsum("bqhk,hkd->bqd", attended, a[f"{m}/out/kernel"]) + a[f"{m}/out/bias"])
+    attended = np.einsum("bqhk,hkd->bqd", attended, a[f"{m}/out/kernel"]) + a[f"{m}/out/bias"]
+    x = x + attention_scale * a.get(f"{block}/ls1/scale", 1.0) * attended
     y = layer_norm(x, a[f"{block}/LayerNorm_2/scale"], a[f"{block}/LayerNorm_2/bias"], eps)
     mlp = f"{block}/MlpBlock_3"
     y = gelu(y @ a[f"{mlp}/Dense_0/kernel"] + a[f"{mlp}/Dense_0/bias"])
-    return x + mlp_scale * (y @ a[f"{mlp}/Dense_1/kernel"] + a[f"{mlp}/Dense_1/bias"]), weights
+    y = y @ a[f"{mlp}/Dense_1/kernel"] + a[f"{mlp}/Dense_1/bias"]
+    return x + mlp_scale * a.get(f"{block}/ls2/scale", 1.0) * y, weights
 
 
 def zoom_linear(grid, new_h, new_w):
@@ -134,12 +145,18 @@ def _resnet(a, x, stages):
     return x
 
 
-def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6, gelu=gelu_tanh, pixels=True):
+def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6, gelu=gelu_tanh, pixels=True,
+               no_embed_class=False):
     """Logits of the released-layout checkpoint `arrays` on `images` at the images' resolution: pixels in
     [0, 255] mapped to [-1, 1] as the models' preprocessing does, or, with `pixels=False`, images already in
     [-1, 1]. `posemb_grid`: the (rows, columns) its position embedding was trained at, square by default;
     another grid at the images' resolution is resampled with `zoom_linear`. Without a head, the pooled
-    features (through `pre_logits` if present)."""
+    features (through `pre_logits` if present).
+
+    The ViT family's options, where `arrays` has their weights (timm's semantics): register tokens
+    (`registers/registers`, after the class token, no position), `norm_pre/scale`, `fc_norm/scale` (no final
+    norm; the average of the patch tokens, then this norm), layer scale and q/k norms (`encoder_block`);
+    `no_embed_class`: the position embedding covers only the patches, the class token is prepended after."""
     a = {key: np.asarray(value, np.float64) for key, value in arrays.items()}
     x = images.astype(np.float64) / 127.5 - 1 if pixels else images.astype(np.float64)
     if resnet_stages:
@@ -150,18 +167,34 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     x = x.reshape(x.shape[0], gh * gw, -1)
     posemb = a["Transformer/posembed_input/pos_embedding"][0]
     prefix = 1 if "cls" in a else 0
-    if prefix:
-        x = np.concatenate([np.broadcast_to(a["cls"], (x.shape[0], 1, x.shape[2])), x], axis=1)
-    old = posemb_grid or (int(np.sqrt(len(posemb) - prefix)),) * 2
+    embedded = 0 if no_embed_class else prefix
+
+    def prepend(tokens, x):
+        return np.concatenate([np.broadcast_to(tokens, (x.shape[0], *tokens.shape[1:])), x], axis=1)
+
+    if embedded:
+        x = prepend(a["cls"], x)
+    old = posemb_grid or (int(np.sqrt(len(posemb) - embedded)),) * 2
     if tuple(old) != (gh, gw):
-        grid = zoom_linear(posemb[prefix:].reshape(*old, -1), gh, gw).reshape(gh * gw, -1)
-        posemb = np.concatenate([posemb[:prefix], grid])
+        grid = zoom_linear(posemb[embedded:].reshape(*old, -1), gh, gw).reshape(gh * gw, -1)
+        posemb = np.concatenate([posemb[:embedded], grid])
     x = x + posemb
+    registers = a.get("registers/registers")
+    if registers is not None:
+        x = np.concatenate([x[:, :embedded], prepend(registers, x[:, embedded:])], axis=1)
+    if prefix and not embedded:
+        x = prepend(a["cls"], x)
+    if "norm_pre/scale" in a:
+        x = layer_norm(x, a["norm_pre/scale"], a["norm_pre/bias"], eps)
     num_blocks = len({key.split("/")[1] for key in a if key.startswith("Transformer/encoderblock_")})
     for i in range(num_blocks):
         x, _ = encoder_block(a, f"Transformer/encoderblock_{i}", x, eps=eps, gelu=gelu)
-    x = layer_norm(x, a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"], eps)
-    x = x[:, 0] if prefix else x.mean(axis=1)
+    if "fc_norm/scale" in a:
+        patches = x[:, prefix + (0 if registers is None else registers.shape[1]):]
+        x = layer_norm(patches.mean(axis=1), a["fc_norm/scale"], a["fc_norm/bias"], eps)
+    else:
+        x = layer_norm(x, a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"], eps)
+        x = x[:, 0] if prefix else x[:, 0 if registers is None else registers.shape[1]:].mean(axis=1)
     if "pre_logits/kernel" in a:
         x = np.tanh(x @ a["pre_logits/kernel"] + a["pre_logits/bias"])
     return x @ a["head/kernel"] + a["head/bias"] if "head/kernel" in a else x

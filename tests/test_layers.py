@@ -8,7 +8,7 @@ import pytest
 import keras_vit
 from keras_vit import kernels
 from keras_vit import layers as vit_layers
-from tests.reference import encoder_block, gelu_tanh, released_names
+from tests.reference import encoder_block, gelu_tanh, quick_gelu, released_names
 from tests.testing import randomize, run_layer_test, run_serialization_test, to_numpy
 
 # --- Patches and patch embedding ---
@@ -213,6 +213,48 @@ def test_rematerialized_block_gives_the_same_training_step(monkeypatch):
         keras_vit.TransformerBlock(num_heads=2, mlp_dim=16, drop_path_rate=0.1, remat=True)
 
 
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_block_options_match_the_numpy_reference(fused, monkeypatch):
+    """Layer scale (DeiT-III, DINOv2), per-head q/k LayerNorm (timm's qk_norm) and quick GELU (OpenAI CLIP)."""
+    monkeypatch.setenv(kernels.FUSED_ATTENTION_SWITCH, fused)
+    layer = keras_vit.TransformerBlock(num_heads=3, mlp_dim=40, layer_scale_init=0.1, qk_norm=True,
+                                       activation="quick_gelu", layer_norm_epsilon=1e-5, name="encoderblock_0")
+    x = np.random.default_rng(6).normal(size=(2, 7, 24)).astype("float32")
+    layer(x)
+    randomize(layer, seed=7, scale=0.5)
+    arrays = released_names(layer)
+    assert {"Transformer/encoderblock_0/ls1/scale", "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/"
+            "query_norm/scale"} <= set(arrays)
+    assert np.abs(arrays["Transformer/encoderblock_0/ls1/scale"] - 0.1).max() > 0.05  # randomized, not the init
+    expected, expected_scores = encoder_block(arrays, "Transformer/encoderblock_0", x.astype("float64"), eps=1e-5,
+                                              gelu=quick_gelu)
+    np.testing.assert_allclose(to_numpy(layer(x)), expected, atol=1e-5)
+    _, scores = layer(x, return_attention_scores=True)
+    np.testing.assert_allclose(to_numpy(scores), expected_scores, atol=1e-6)
+    plain, _ = encoder_block(arrays, "Transformer/encoderblock_0", x.astype("float64"), eps=1e-5)
+    assert np.abs(plain - expected).max() > 1e-3  # quick GELU is not the tanh GELU here
+
+
+def test_layer_scale_starts_at_its_init_value_and_bad_activation_is_named():
+    block = keras_vit.TransformerBlock(num_heads=2, mlp_dim=8, layer_scale_init=1e-5)
+    block.build((None, 3, 8))
+    np.testing.assert_array_equal(to_numpy(block.scale_attention.gamma), np.full(8, 1e-5, "float32"))
+    with pytest.raises(ValueError, match=r"Unknown activation 'relu'. Expected one of \('gelu', 'quick_gelu'\)"):
+        keras_vit.MlpBlock(8, activation="relu")
+
+
+def test_register_tokens_are_inserted_after_the_class_token():
+    tokens = np.random.default_rng(0).normal(size=(2, 5, 4)).astype("float32")
+    layer = keras_vit.RegisterTokens(3, position=1)
+    layer.build(tokens.shape)
+    layer.registers.assign(np.arange(12, dtype="float32").reshape(1, 3, 4))
+    out = to_numpy(layer(tokens))
+    assert out.shape == (2, 8, 4)
+    np.testing.assert_array_equal(out[:, 0], tokens[:, 0])
+    np.testing.assert_array_equal(out[:, 1:4], np.broadcast_to(np.arange(12).reshape(1, 3, 4), (2, 3, 4)))
+    np.testing.assert_array_equal(out[:, 4:], tokens[:, 1:])
+
+
 def test_transformer_block_uses_tanh_gelu_and_epsilon_1e6():
     layer = keras_vit.TransformerBlock(num_heads=1, mlp_dim=4)
     layer.build((None, 3, 4))
@@ -330,6 +372,8 @@ def test_every_public_layer_round_trips_its_config():
               keras_vit.ClassToken(), keras_vit.PositionEmbedding((3, 2), 0, "sincos_2d"),
               keras_vit.StochasticDepth(0.2, seed=3), keras_vit.MlpBlock(12, 0.1),
               keras_vit.TransformerBlock(2, 8, 0.1, 0.2, 0.3, 1e-5), keras_vit.TokenPooling("avg"),
+              keras_vit.TransformerBlock(2, 8, layer_scale_init=0.5, qk_norm=True, activation="quick_gelu"),
+              keras_vit.RegisterTokens(4, position=1), keras_vit.LayerScale(0.25),
               keras_vit.StdConv2D(4, 3, strides=2), keras_vit.BottleneckUnit(8, 2)]
     for layer in public:
         clone = run_serialization_test(layer)

@@ -16,16 +16,20 @@ import numpy as np
 import pytest
 
 import keras_vit
-from tests.reference import gelu_erf, gelu_tanh, vit_logits
-from tests.testing import TINY_HYBRID, TINY_VIT, save_checkpoint, vit_checkpoint
+from tests.reference import gelu_erf, gelu_tanh, quick_gelu, released_names, vit_logits
+from tests.testing import TINY_HYBRID, TINY_VIT, randomize, save_checkpoint, vit_checkpoint
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """A model family: builder arguments, the checkpoint it loads, and the reference's numerics."""
+    """A model family: builder arguments, the checkpoint it loads, and the reference's numerics.
+
+    `checkpoint`: `vit_checkpoint` arguments of an `.npz` file in the original layout, loaded through
+    `weights=`; None for the options no loader reads yet: the model gets random weights, which the
+    reference reads back under its own names (`released_names`)."""
     config: dict
     input_shape: tuple = (32, 32, 3)
-    checkpoint: dict = dataclasses.field(default_factory=dict)  # vit_checkpoint arguments (grid 4 by default)
+    checkpoint: dict | None = dataclasses.field(default_factory=dict)
     eps: float = 1e-6
     gelu: object = gelu_tanh
 
@@ -33,9 +37,9 @@ class Family:
         return vit_checkpoint(self.config, classes=10, **{"grid": 4, "seed": 1, **self.checkpoint})
 
     def reference(self, arrays, images) -> np.ndarray:
-        grid = self.checkpoint.get("grid", 4)
-        return vit_logits(arrays, images, resnet_stages=self.config.get("resnet_stages"), posemb_grid=(grid, grid),
-                          eps=self.eps, gelu=self.gelu)
+        grid = None if self.checkpoint is None else (self.checkpoint.get("grid", 4),) * 2  # None: the model's own
+        return vit_logits(arrays, images, resnet_stages=self.config.get("resnet_stages"), posemb_grid=grid,
+                          eps=self.eps, gelu=self.gelu, no_embed_class=self.config.get("no_embed_class", False))
 
 
 FAMILIES = {
@@ -46,6 +50,15 @@ FAMILIES = {
     "vit_pytorch_numerics": Family(dict(TINY_VIT, layer_norm_epsilon=1e-12, gelu_approximate=False),
                                    eps=1e-12, gelu=gelu_erf),
     "hybrid": Family(TINY_HYBRID),
+    # The ViT family's options (issue 25), each as its timm models combine them:
+    "deit3": Family(dict(TINY_VIT, layer_scale_init=1e-5, no_embed_class=True), checkpoint=None),
+    "dinov2_registers": Family(dict(TINY_VIT, layer_scale_init=1e-5, num_register_tokens=4, no_embed_class=True),
+                               checkpoint=None),
+    "dinov2_registers_hf": Family(dict(TINY_VIT, layer_scale_init=1e-5, num_register_tokens=4), checkpoint=None),
+    "clip_openai": Family(dict(TINY_VIT, norm_pre=True, activation="quick_gelu", layer_norm_epsilon=1e-5),
+                          checkpoint=None, eps=1e-5, gelu=quick_gelu),
+    "fc_norm_avg": Family(dict(TINY_VIT, fc_norm=True, num_register_tokens=2), checkpoint=None),
+    "qk_norm_gap": Family(dict(TINY_VIT, qk_norm=True, classifier="gap", num_register_tokens=1), checkpoint=None),
 }
 ATOL = 1e-4  # float32 model vs float64 reference, logits of order 1
 
@@ -69,8 +82,13 @@ def outputs(model: keras.Model, x: np.ndarray) -> np.ndarray:
 
 def run_model_test(family: Family, tmp_path) -> tuple[keras.Model, np.ndarray]:
     """The checks every family passes; returns the loaded model and its logits on `images`."""
-    arrays = family.arrays()
-    model = build(family, weights=save_checkpoint(tmp_path / "checkpoint.npz", arrays))
+    if family.checkpoint is None:
+        model = build(family)
+        randomize(model, seed=1, scale=0.3)
+        arrays = released_names(model)
+    else:
+        arrays = family.arrays()
+        model = build(family, weights=save_checkpoint(tmp_path / "checkpoint.npz", arrays))
     assert unbuilt_layers(model) == []
     assert model.output_shape == (None, 10)
     x = images(family.input_shape)
@@ -95,7 +113,7 @@ def run_model_test(family: Family, tmp_path) -> tuple[keras.Model, np.ndarray]:
     return model, logits
 
 
-FAST_FAMILIES = ("vit",)  # the rest run in the full suite only (`-m "not slow"` is the fast subset)
+FAST_FAMILIES = ("vit", "dinov2_registers")  # the rest run in the full suite only (`-m "not slow"` is the fast subset)
 
 
 @pytest.mark.parametrize("name", [name if name in FAST_FAMILIES else pytest.param(name, marks=pytest.mark.slow)
@@ -105,7 +123,7 @@ def test_family(name, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["vit", "vit_resampled_non_square", "hybrid"])
+@pytest.mark.parametrize("name", ["vit", "vit_resampled_non_square", "hybrid", "dinov2_registers", "clip_openai"])
 def test_family_saved_model(name, tmp_path):
     import tensorflow as tf
 
