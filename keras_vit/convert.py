@@ -61,7 +61,8 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
                  classifier_activation=None, include_top=classes is not None, classes=classes or 1000,
                  representation_size=found["representation_size"],
                  pooling=None if classes else ("token" if found["classifier"] == "token" else "avg"),
-                 include_preprocessing=layout is None, **(torch_layout.NUMERICS[layout] if layout else {}))
+                 include_preprocessing=layout is None, **found["options"],
+                 **(torch_layout.NUMERICS[layout] if layout else {}))
     model = models.VisionTransformer(variant, weights=checkpoint, **build)
     if output.endswith(".keras"):
         model.save(output)

@@ -21,6 +21,7 @@ def released_names(model_or_layer) -> dict[str, np.ndarray]:
     for weight in model_or_layer.weights:
         key = weight.path.replace("/gamma", "/scale").replace("/beta", "/bias")
         key = key.replace("/attention_output/", "/out/").replace("cls/cls", "cls")
+        key = key.replace("registers/registers", "registers")
         if key.split("/")[0].startswith(("encoderblock_", "posembed_input", "encoder_norm")):
             key = "Transformer/" + key
         arrays[key] = keras.ops.convert_to_numpy(weight).astype("float64")
@@ -154,7 +155,7 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     features (through `pre_logits` if present).
 
     The ViT family's options, where `arrays` has their weights (timm's semantics): register tokens
-    (`registers/registers`, after the class token, no position), `norm_pre/scale`, `fc_norm/scale` (no final
+    (`registers`, after the class token, no position), `norm_pre/scale`, `fc_norm/scale` (no final
     norm; the average of the patch tokens, then this norm), layer scale and q/k norms (`encoder_block`);
     `no_embed_class`: the position embedding covers only the patches, the class token is prepended after."""
     a = {key: np.asarray(value, np.float64) for key, value in arrays.items()}
@@ -179,7 +180,7 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
         grid = zoom_linear(posemb[embedded:].reshape(*old, -1), gh, gw).reshape(gh * gw, -1)
         posemb = np.concatenate([posemb[:embedded], grid])
     x = x + posemb
-    registers = a.get("registers/registers")
+    registers = a.get("registers")
     if registers is not None:
         x = np.concatenate([x[:, :embedded], prepend(registers, x[:, embedded:])], axis=1)
     if prefix and not embedded:
@@ -223,8 +224,13 @@ def released_from_torch(state: dict, num_heads: int) -> dict[str, np.ndarray]:
     norm = "norm" if timm else "layernorm"
     a = {"embedding/kernel": t[embed + ".weight"].transpose(2, 3, 1, 0), "embedding/bias": t[embed + ".bias"],
          "cls": t["cls_token" if timm else "embeddings.cls_token"],
-         "Transformer/posembed_input/pos_embedding": t["pos_embed" if timm else "embeddings.position_embeddings"],
-         "Transformer/encoder_norm/scale": t[norm + ".weight"], "Transformer/encoder_norm/bias": t[norm + ".bias"]}
+         "Transformer/posembed_input/pos_embedding": t["pos_embed" if timm else "embeddings.position_embeddings"]}
+    renamed = {norm: "Transformer/encoder_norm", "norm_pre": "norm_pre", "fc_norm": "fc_norm"}
+    for source, released in renamed.items():  # timm's family options: norm_pre (CLIP), fc_norm without `norm`
+        if source + ".weight" in t:
+            a[released + "/scale"], a[released + "/bias"] = t[source + ".weight"], t[source + ".bias"]
+    if "reg_token" in t:
+        a["registers"] = t["reg_token"]
     for top, released in (("head" if timm else "classifier", "head"), ("pooler.dense", "pre_logits")):
         if top + ".weight" in t:
             a[released + "/kernel"], a[released + "/bias"] = t[top + ".weight"].T, t[top + ".bias"]
@@ -249,13 +255,21 @@ def released_from_torch(state: dict, num_heads: int) -> dict[str, np.ndarray]:
         out = t[f"{b}{names['out']}.weight"]
         a[f"{m}/out/kernel"] = out.T.reshape(num_heads, -1, out.shape[0])
         a[f"{m}/out/bias"] = t[f"{b}{names['out']}.bias"]
+        for source, released in (("ls1.gamma", f"{r}/ls1/scale"), ("ls2.gamma", f"{r}/ls2/scale"),
+                                 ("attn.q_norm.weight", f"{m}/query_norm/scale"),
+                                 ("attn.q_norm.bias", f"{m}/query_norm/bias"),
+                                 ("attn.k_norm.weight", f"{m}/key_norm/scale"),
+                                 ("attn.k_norm.bias", f"{m}/key_norm/bias")):
+            if b + source in t:
+                a[released] = t[b + source]
         i += 1
     return a
 
 
-def torch_logits(state: dict, images, num_heads: int) -> np.ndarray:
+def torch_logits(state: dict, images, num_heads: int, no_embed_class: bool = False) -> np.ndarray:
     """The source model's output on NHWC `images` in [-1, 1]: `vit_logits` of `released_from_torch(state)`
     with its numerics (exact GELU, its epsilon). Logits; without a head, the pooler output or the class token
-    after the norm."""
+    after the norm. `no_embed_class`: timm's option of that name (the file's `pos_embed` has no class row)."""
     eps = TORCH_EPS["timm" if "patch_embed.proj.weight" in state else "huggingface"]
-    return vit_logits(released_from_torch(state, num_heads), np.asarray(images), eps=eps, gelu=gelu_erf, pixels=False)
+    return vit_logits(released_from_torch(state, num_heads), np.asarray(images), eps=eps, gelu=gelu_erf, pixels=False,
+                      no_embed_class=no_embed_class)

@@ -25,8 +25,8 @@ class Family:
     """A model family: builder arguments, the checkpoint it loads, and the reference's numerics.
 
     `checkpoint`: `vit_checkpoint` arguments of an `.npz` file in the original layout, loaded through
-    `weights=`; None for the options no loader reads yet: the model gets random weights, which the
-    reference reads back under its own names (`released_names`)."""
+    `weights=`; None for the family options, which the original layout lacks: the `.npz` file holds a random
+    model's weights under the reference's own names (`released_names`)."""
     config: dict
     input_shape: tuple = (32, 32, 3)
     checkpoint: dict | None = dataclasses.field(default_factory=dict)
@@ -34,6 +34,10 @@ class Family:
     gelu: object = gelu_tanh
 
     def arrays(self) -> dict[str, np.ndarray]:
+        if self.checkpoint is None:  # a model's random weights under the reference's own names
+            source = build(self)
+            randomize(source, seed=1, scale=0.3)
+            return {key: value.astype("float32") for key, value in released_names(source).items()}
         return vit_checkpoint(self.config, classes=10, **{"grid": 4, "seed": 1, **self.checkpoint})
 
     def reference(self, arrays, images) -> np.ndarray:
@@ -82,13 +86,8 @@ def outputs(model: keras.Model, x: np.ndarray) -> np.ndarray:
 
 def run_model_test(family: Family, tmp_path) -> tuple[keras.Model, np.ndarray]:
     """The checks every family passes; returns the loaded model and its logits on `images`."""
-    if family.checkpoint is None:
-        model = build(family)
-        randomize(model, seed=1, scale=0.3)
-        arrays = released_names(model)
-    else:
-        arrays = family.arrays()
-        model = build(family, weights=save_checkpoint(tmp_path / "checkpoint.npz", arrays))
+    arrays = family.arrays()
+    model = build(family, weights=save_checkpoint(tmp_path / "checkpoint.npz", arrays))
     assert unbuilt_layers(model) == []
     assert model.output_shape == (None, 10)
     x = images(family.input_shape)

@@ -18,7 +18,7 @@ from keras_vit import layers as vit_layers
 import keras_vit.convert
 from keras_vit.cli import convert
 from tests.reference import torch_logits
-from tests.testing import TINY_VIT, hf_state_dict, save_safetensors, timm_state_dict
+from tests.testing import TINY_VIT, hf_state_dict, save_safetensors, timm_family_state_dict, timm_state_dict
 
 TI16 = dict(hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12, patch_size=16)
 
@@ -202,15 +202,44 @@ def test_pickle_files_are_never_unpickled(tmp_path, random_model, suffix):
     assert not marker.exists() and os.listdir(tmp_path) == [path.name]
 
 
-@pytest.mark.parametrize("extra, feature", [
-    ({"blocks.0.ls1.gamma": np.ones(48, "float32")}, "layer scale"),
-    ({"reg_token": np.ones((1, 4, 48), "float32")}, "register tokens"),
-    ({"fc_norm.weight": np.ones(48, "float32")}, "fc_norm"),
-    ({"pos_embed": np.ones((1, 16, 48), "float32")}, "no_embed_class"),
-], ids=["layer_scale", "register_tokens", "fc_norm", "no_embed_class"])
-def test_unsupported_timm_features_are_refused(tmp_path, random_model, extra, feature):
+# The family options of timm files, each as its models combine them: (timm_family_state_dict arguments,
+# VisionTransformer options). Checked against the reference's own statement of timm's layout.
+TIMM_FAMILIES = {
+    "deit3": (dict(layer_scale=True, no_embed_class=True), dict(layer_scale_init=1e-5, no_embed_class=True)),
+    "dinov2_registers": (dict(layer_scale=True, no_embed_class=True, registers=4),
+                         dict(layer_scale_init=1e-5, no_embed_class=True, num_register_tokens=4)),
+    "qk_norm_norm_pre_fc_norm": (dict(qk_norm=True, norm_pre=True, fc_norm=True),
+                                 dict(qk_norm=True, norm_pre=True, fc_norm=True)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TIMM_FAMILIES))
+def test_timm_family_files_load_and_match_the_numpy_forward(tmp_path, family):
+    state_options, model_options = TIMM_FAMILIES[family]
+    state = timm_family_state_dict(**state_options)
+    path = save_safetensors(state, tmp_path / f"{family}.safetensors")
+    x = images(32, 32)
+    expected = torch_logits(state, x, num_heads=3, no_embed_class=state_options.get("no_embed_class", False))
+    assert_logits_match(tiny(path, classes=10, **model_options)(x), expected)
+    model, difference = keras_vit.convert.convert_checkpoint(path, str(tmp_path / "converted.keras"), num_heads=3)
+    assert difference == 0.0  # the architecture, options included, read from the file alone
+    assert_logits_match(model(x), expected)
+    with pytest.raises(ValueError, match=r"does not fit model .*no weight was changed") as refused:
+        tiny(path, classes=10)  # without the options: the loader names the keys the model has no weight for
+    assert "unexpected key 'blocks.0." in str(refused.value) or "unexpected key 'reg_token'" in str(refused.value)
+
+
+@pytest.mark.parametrize("extra, drop, feature", [
+    ({"dist_token": np.ones((1, 1, 48), "float32")}, (), "a distillation token"),
+    ({"attn_pool.latent": np.ones((1, 1, 48), "float32")}, (), "attention pooling"),
+    ({}, ("patch_embed.proj.bias",), "a patch embedding without bias"),
+    ({}, ("cls_token",), "no class token"),
+], ids=["distillation_token", "attention_pooling", "no_patch_bias", "no_class_token"])
+def test_unsupported_timm_features_are_refused(tmp_path, random_model, extra, drop, feature):
     state = timm_state_dict()
     state.update(extra)
+    for key in drop:
+        del state[key]
     path = save_safetensors(state, tmp_path / "variant.safetensors")
     with pytest.raises(ValueError, match=f"features keras_vit does not implement: {feature}"):
         tiny(path, classes=10)

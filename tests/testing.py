@@ -248,6 +248,37 @@ def timm_state_dict(seed=0, depth=2, width=48, mlp=96, patch=8, grid=4, classes=
     return state
 
 
+def timm_family_state_dict(seed=0, *, registers=0, layer_scale=False, no_embed_class=False, qk_norm=False,
+                           norm_pre=False, fc_norm=False, **kwargs):
+    """`timm_state_dict` with the keys of timm's family options (DeiT-III, DINOv2, ...), non-degenerate values."""
+    state = timm_state_dict(seed, **kwargs)
+    rng = np.random.default_rng(seed + 100)
+    width = state["cls_token"].shape[-1]
+    depth = len({key.split(".")[1] for key in state if key.startswith("blocks.")})
+
+    def vector(n, mean=0.0, scale=0.3):
+        return (mean + rng.normal(size=n) * scale).astype("float32")
+
+    if no_embed_class:
+        state["pos_embed"] = state["pos_embed"][:, 1:]
+    if registers:
+        state["reg_token"] = vector((1, registers, width), scale=0.5)
+    for i in range(depth):
+        if layer_scale:
+            state.update({f"blocks.{i}.ls1.gamma": vector(width, 0.8), f"blocks.{i}.ls2.gamma": vector(width, 0.8)})
+        if qk_norm:
+            head_dim = width // 3
+            for name in ("q_norm", "k_norm"):
+                state.update({f"blocks.{i}.attn.{name}.weight": vector(head_dim, 1.0),
+                              f"blocks.{i}.attn.{name}.bias": vector(head_dim)})
+    for name, present in (("norm_pre", norm_pre), ("fc_norm", fc_norm)):
+        if present:
+            state.update({f"{name}.weight": vector(width, 1.0), f"{name}.bias": vector(width)})
+    if fc_norm:  # timm's final norm is the identity then
+        del state["norm.weight"], state["norm.bias"]
+    return state
+
+
 def hf_state_dict(seed=0, depth=2, width=48, mlp=96, patch=8, grid=4, classes=10, prefix="vit.", pooler=False):
     """ViTForImageClassification (prefix "vit.", a classifier) or ViTModel (no prefix, classes=None)."""
     common, blocks = _weights(np.random.default_rng(seed), depth, width, mlp, patch, 1 + grid * grid, classes or 1)

@@ -48,8 +48,9 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
 
     Returns:
         patch_size, hidden_dim, mlp_dim, num_heads, num_layers, resnet_stages (None for a plain ViT),
-        classifier, representation_size, classes (None without a head) and image_size (the square
-        input side of its position embedding).
+        classifier, representation_size, classes (None without a head), options (the ViT family's
+        `VisionTransformer` options: layer scale, registers, no_embed_class, qk_norm, norm_pre, fc_norm) and
+        image_size (the square input side of its position embedding).
     """
     if "embedding/kernel" not in shapes:
         raise ValueError(f"Not a ViT checkpoint: no 'embedding/kernel' among its {len(shapes)} keys.")
@@ -65,8 +66,10 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
                  num_layers=len(blocks), resnet_stages=stages or None,
                  classifier="token" if "cls" in shapes else "gap",
                  representation_size=_width(shapes, "pre_logits/bias"), classes=_width(shapes, "head/bias"))
+    found["options"] = _family_options(shapes, paths, found["classifier"] == "token")
     if npz.POSEMB_KEY in shapes:
-        side = math.isqrt(shapes[npz.POSEMB_KEY][1] - (found["classifier"] == "token"))
+        embedded = found["classifier"] == "token" and not found["options"]["no_embed_class"]
+        side = math.isqrt(shapes[npz.POSEMB_KEY][1] - embedded)
         found["image_size"] = side * variants.total_stride(found)
     if num_heads is not None or variant is not None:
         return dict(found, num_heads=num_heads or variants.decode_variant(variant)["num_heads"])
@@ -78,6 +81,18 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
     shown = {key: found[key] for key in ("patch_size", "hidden_dim", "mlp_dim", "num_layers")}
     raise ValueError(f"No keras_vit variant has this checkpoint's architecture {shown}, and the number of heads "
                      "is not stored in the weights: give the variant (or the number of heads).")
+
+
+def _family_options(shapes: Mapping[str, Sequence[int]], paths: Mapping[str, tuple], class_token: bool) -> dict:
+    """The `VisionTransformer` options of the ViT family that the keys show (`layer_scale_init`: the value
+    the model starts from, which the loaded `gamma`s replace)."""
+    posemb = shapes.get(npz.POSEMB_KEY)
+    tokens = posemb[1] if posemb is not None and len(posemb) == 3 else None
+    return dict(layer_scale_init=1e-5 if any(path.endswith("/ls1/gamma") for path in paths) else None,
+                num_register_tokens=shapes["registers"][1] if "registers" in shapes else 0,
+                no_embed_class=bool(class_token and tokens and math.isqrt(tokens) ** 2 == tokens),
+                qk_norm=any(path.endswith("/query_norm/gamma") for path in paths),
+                norm_pre="norm_pre/scale" in shapes, fc_norm="fc_norm/scale" in shapes)
 
 
 def _width(shapes: Mapping[str, Sequence[int]], key: str) -> int | None:

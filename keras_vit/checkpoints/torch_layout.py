@@ -17,9 +17,10 @@ Both layouts compute with the exact erf GELU; timm's LayerNorm epsilon is 1e-6 a
 Face's default 1e-12 (`NUMERICS`): the builders take these when `weights=` is such a file.
 
 Supported: class-token models (timm `global_pool='token'`, Hugging Face ViT), with or without
-their head. Not supported, and refused with an error naming the keys that show them: timm
-models without a class token or with `no_embed_class`, `fc_norm` (`global_pool='avg'`),
-register tokens, layer scale, `qk_norm`, `norm_pre`, attention pooling, a patch-embedding norm;
+their head; in timm files also register tokens, layer scale, `no_embed_class`, `qk_norm`, `norm_pre` and
+`fc_norm` (DeiT-III, timm's DINOv2), built with the matching `VisionTransformer` options. Not supported,
+and refused with an error naming the keys that show them: timm models without a class token, with a
+distillation token, attention pooling, a patch-embedding norm or a patch embedding without bias (CLIP);
 Hugging Face configs other than the defaults for `layer_norm_eps` and `hidden_act` (not stored
 in the weights file, so not detectable).
 """
@@ -27,7 +28,6 @@ in the weights file, so not detectable).
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Callable, Mapping, Sequence
 
@@ -65,12 +65,8 @@ def detect_layout(keys: Sequence[str]) -> str:
 
 # timm features whose numerics keras_vit does not implement: (key regex, what it is).
 _TIMM_UNSUPPORTED = (
-    (r"reg_token", "register tokens"),
-    (r"blocks\.\d+\.ls[12]\..*", "layer scale (init_values)"),
-    (r"blocks\.\d+\.attn\.[qk]_norm\..*", "qk_norm"),
+    (r"dist_token", "a distillation token (DeiT distilled)"),
     (r"blocks\.\d+\.(attn|mlp)\.norm\..*", "scale_attn_norm / scale_mlp_norm"),
-    (r"fc_norm\..*", "fc_norm (global_pool='avg' and kin)"),
-    (r"norm_pre\..*", "pre-norm (pre_norm=True, as CLIP)"),
     (r"attn_pool\..*", "attention pooling (global_pool='map')"),
     (r"patch_embed\.norm\..*", "a patch-embedding norm"),
 )
@@ -87,17 +83,16 @@ def check_supported(shapes: dict[str, tuple[int, ...]], layout: str, origin: str
                 found[feature] = keys
         if "cls_token" not in shapes:
             found["no class token (class_token=False, global_pool other than 'token')"] = ["cls_token (absent)"]
-        elif "pos_embed" in shapes and len(shapes["pos_embed"]) == 3 \
-                and math.isqrt(shapes["pos_embed"][1]) ** 2 == shapes["pos_embed"][1]:
-            found["no_embed_class (position embedding without a class-token row)"] = ["pos_embed"]
+        if "patch_embed.proj.weight" in shapes and "patch_embed.proj.bias" not in shapes:
+            found["a patch embedding without bias (CLIP)"] = ["patch_embed.proj.bias (absent)"]
     elif "embeddings.cls_token" not in plain:
         found["no class token"] = ["embeddings.cls_token (absent)"]
     if found:
         listed = "; ".join(f"{feature} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
                            for feature, keys in found.items())
         raise ValueError(f"{origin!r} is a {layout} ViT with features keras_vit does not implement: {listed}. "
-                         "Supported: class-token ViTs as timm's vit_*_patch*_* and Hugging Face's ViT; nothing "
-                         "was loaded.")
+                         "Supported: class-token ViTs as timm's vit_*_patch*_* (also with registers, layer scale, "
+                         "no_embed_class, qk_norm, norm_pre, fc_norm) and Hugging Face's ViT; nothing was loaded.")
 
 
 # ---------------------------------------------------------------------------------------
@@ -186,6 +181,13 @@ _TIMM_TABLE = (
     ("blocks.{i}.mlp.fc1.bias", (_B + "/MlpBlock_3/Dense_0/bias",), _same),
     ("blocks.{i}.mlp.fc2.weight", (_B + "/MlpBlock_3/Dense_1/kernel",), _linear),
     ("blocks.{i}.mlp.fc2.bias", (_B + "/MlpBlock_3/Dense_1/bias",), _same),
+    ("reg_token", ("registers",), _same),
+    ("blocks.{i}.ls1.gamma", (_B + "/ls1/scale",), _same),
+    ("blocks.{i}.ls2.gamma", (_B + "/ls2/scale",), _same),
+    *((f"blocks.{{i}}.attn.{name[0]}_norm.{weight}", (f"{_ATTN}/{name}_norm/{released}",), _same)
+      for name in ("query", "key") for weight, released in (("weight", "scale"), ("bias", "bias"))),
+    *((f"{norm}.{weight}", (f"{norm}/{released}",), _same)
+      for norm in ("norm_pre", "fc_norm") for weight, released in (("weight", "scale"), ("bias", "bias"))),
     ("norm.weight", ("Transformer/encoder_norm/scale",), _same),
     ("norm.bias", ("Transformer/encoder_norm/bias",), _same),
     ("head.weight", ("head/kernel",), _linear),
