@@ -22,6 +22,10 @@ import numpy as np
 
 BUILDERS = {"vit_tiny_patch16_224": "ViTTi16", "vit_small_patch16_224": "ViTS16",
             "vit_base_patch16_224": "ViTB16", "vit_large_patch16_224": "ViTL16"}
+# The ViT family's timm models, built from the file alone (`convert_checkpoint`: architecture and options read
+# from the keys, the number of heads given), at 224 px with a 1000-class head: (timm name, create_model kwargs).
+FAMILIES = {"deit3_small_patch16_224": {}, "vit_small_patch14_reg4_dinov2": {"img_size": 224, "num_classes": 1000},
+            "vit_small_patch14_dinov2": {"img_size": 224, "num_classes": 1000}}
 
 
 def timm_model(name: str, seed: int = 0):
@@ -32,7 +36,7 @@ def timm_model(name: str, seed: int = 0):
 
     timm, _ = import_timm()  # timm imports torchvision, which has no CPU build on PyPI
     torch.manual_seed(seed)
-    model = timm.create_model(name, pretrained=False).eval()
+    model = timm.create_model(name, pretrained=False, **FAMILIES.get(name, {})).eval()
     with torch.no_grad():
         for key, parameter in model.named_parameters():
             if parameter.ndim == 1 or key in ("cls_token", "pos_embed"):  # zeros / ones at init
@@ -58,8 +62,13 @@ def compare(name: str, out_dir: str, batch: int = 2) -> dict[str, float]:
     images = np.random.default_rng(1).uniform(-1, 1, (batch, 224, 224, 3)).astype("float32")
     with torch.no_grad():
         expected = model(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
-    keras_model = getattr(keras_vit, BUILDERS[name])(weights=path, include_preprocessing=False,
-                                                     classifier_activation=None)
+    if name in BUILDERS:
+        keras_model = getattr(keras_vit, BUILDERS[name])(weights=path, include_preprocessing=False,
+                                                         classifier_activation=None)
+    else:
+        from keras_vit.convert import convert_checkpoint
+        keras_model, _ = convert_checkpoint(path, os.path.join(out_dir, f"{name}.keras"),
+                                            num_heads=model.blocks[0].attn.num_heads)
     logits = np.asarray(keras_model(images))
     pixels = (images + 1.0) * 127.5  # The exports take [0, 255] pixels.
     export_dir = saved_model.export_saved_model(keras_model, os.path.join(out_dir, name))
@@ -82,7 +91,7 @@ def compare(name: str, out_dir: str, batch: int = 2) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["vit_tiny_patch16_224", "vit_base_patch16_224"],
-                        choices=sorted(BUILDERS))
+                        choices=sorted({**BUILDERS, **FAMILIES}))
     parser.add_argument("--out", help="folder for the .safetensors files and SavedModels (default: a temp folder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as temporary:
