@@ -88,17 +88,48 @@ def compare(name: str, out_dir: str, batch: int = 2) -> dict[str, float]:
             "float32 TFLite vs timm": float(np.abs(np.stack(lite) - expected).max())}
 
 
+def compare_features(name: str, out_dir: str, blocks: tuple[int, ...] = (0, 5, 11), batch: int = 2) -> dict:
+    """Max |difference| of `keras_vit.features_model` from timm's `forward_intermediates` (NCHW maps of the
+    same blocks, without the final norm, and the prefix tokens) on a family model built from the file."""
+    import torch
+    from safetensors.torch import save_file
+
+    import keras_vit
+    from keras_vit.convert import convert_checkpoint
+
+    model = timm_model(name)
+    path = os.path.join(out_dir, f"{name}.safetensors")
+    save_file({key: value.contiguous() for key, value in model.state_dict().items()}, path)
+    images = np.random.default_rng(2).uniform(-1, 1, (batch, 224, 224, 3)).astype("float32")
+    keras_model, _ = convert_checkpoint(path, os.path.join(out_dir, f"{name}.keras"),
+                                        num_heads=model.blocks[0].attn.num_heads)
+    ours = keras_vit.features_model(keras_model, blocks)(images)
+    with torch.no_grad():
+        intermediates = model.forward_intermediates(torch.from_numpy(images.transpose(0, 3, 1, 2)),
+                                                    indices=list(blocks), norm=False, output_fmt="NCHW",
+                                                    intermediates_only=False, return_prefix_tokens=True)[1]
+    maps = max(float(np.abs(np.asarray(ours[f"block_{b}"]) - spatial.numpy().transpose(0, 2, 3, 1)).max())
+               for b, (spatial, _) in zip(blocks, intermediates))
+    prefix = max(float(np.abs(np.asarray(ours[f"block_{b}_prefix"]) - tokens.numpy()).max())
+                 for b, (_, tokens) in zip(blocks, intermediates))
+    return {"blocks": list(blocks), "maps vs timm": maps, "prefix tokens vs timm": prefix,
+            "feature range": float(max(np.abs(spatial.numpy()).max() for spatial, _ in intermediates))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["vit_tiny_patch16_224", "vit_base_patch16_224"],
                         choices=sorted({**BUILDERS, **FAMILIES}))
     parser.add_argument("--out", help="folder for the .safetensors files and SavedModels (default: a temp folder)")
+    parser.add_argument("--features", action="store_true",
+                        help="compare keras_vit.features_model with timm's forward_intermediates instead")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as temporary:
         out_dir = args.out or temporary
         for name in args.models:
-            results = compare(name, out_dir)
-            print(name + ": " + ", ".join(f"{key} {value:.3g}" for key, value in results.items()))
+            results = compare_features(name, out_dir) if args.features else compare(name, out_dir)
+            print(name + ": " + ", ".join(f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
+                                          for key, value in results.items()))
 
 
 if __name__ == "__main__":

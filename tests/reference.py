@@ -147,7 +147,7 @@ def _resnet(a, x, stages):
 
 
 def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6, gelu=gelu_tanh, pixels=True,
-               no_embed_class=False):
+               no_embed_class=False, block_outputs=None):
     """Logits of the released-layout checkpoint `arrays` on `images` at the images' resolution: pixels in
     [0, 255] mapped to [-1, 1] as the models' preprocessing does, or, with `pixels=False`, images already in
     [-1, 1]. `posemb_grid`: the (rows, columns) its position embedding was trained at, square by default;
@@ -157,7 +157,8 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     The ViT family's options, where `arrays` has their weights (timm's semantics): register tokens
     (`registers`, after the class token, no position), `norm_pre/scale`, `fc_norm/scale` (no final
     norm; the average of the patch tokens, then this norm), layer scale and q/k norms (`encoder_block`);
-    `no_embed_class`: the position embedding covers only the patches, the class token is prepended after."""
+    `no_embed_class`: the position embedding covers only the patches, the class token is prepended after.
+    `block_outputs`: a list that receives each encoder block's output tokens."""
     a = {key: np.asarray(value, np.float64) for key, value in arrays.items()}
     x = images.astype(np.float64) / 127.5 - 1 if pixels else images.astype(np.float64)
     if resnet_stages:
@@ -190,6 +191,8 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     num_blocks = len({key.split("/")[1] for key in a if key.startswith("Transformer/encoderblock_")})
     for i in range(num_blocks):
         x, _ = encoder_block(a, f"Transformer/encoderblock_{i}", x, eps=eps, gelu=gelu)
+        if block_outputs is not None:
+            block_outputs.append(x)
     if "fc_norm/scale" in a:
         patches = x[:, prefix + (0 if registers is None else registers.shape[1]):]
         x = layer_norm(patches.mean(axis=1), a["fc_norm/scale"], a["fc_norm/bias"], eps)

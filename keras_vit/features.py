@@ -1,0 +1,97 @@
+"""Per-block features of a keras_vit model, for dense tasks (detection, segmentation) and probing.
+
+`features_model(model, blocks)` is the same model (same weights, no copies) whose outputs are the tokens of
+the chosen encoder blocks, the prefix tokens (class, registers) split from the patch tokens, the patch tokens
+as NHWC feature maps or as a sequence: the spirit of timm's `forward_intermediates`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import keras
+from keras import ops
+
+from keras_vit import layers as vit_layers
+
+OUTPUTS = ("nhwc", "tokens")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TokenGrid(keras.layers.Layer):
+    """Splits (batch, prefix + rows * columns, D) tokens into the prefix tokens (batch, prefix, D) and the patch
+    tokens, as an NHWC map (batch, rows, columns, D) (`output="nhwc"`) or as they are (batch, rows * columns, D).
+
+    Args:
+        num_prefix_tokens: int. Tokens before the patch grid (class token, registers).
+        grid_size: (int, int). Rows and columns of the patch grid.
+        output: `"nhwc"` or `"tokens"`. Defaults to `"nhwc"`.
+    """
+
+    def __init__(self, num_prefix_tokens: int, grid_size: Sequence[int], output: str = "nhwc", **kwargs):
+        super().__init__(**kwargs)
+        if output not in OUTPUTS:
+            raise ValueError(f"Unknown output {output!r}. Expected one of {OUTPUTS}.")
+        self.num_prefix_tokens = num_prefix_tokens
+        self.grid_size = tuple(grid_size)
+        self.output_format = output
+
+    def call(self, tokens):
+        prefix, patches = tokens[:, :self.num_prefix_tokens], tokens[:, self.num_prefix_tokens:]
+        if self.output_format == "nhwc":
+            patches = ops.reshape(patches, (-1, *self.grid_size, tokens.shape[-1]))
+        return prefix, patches
+
+    def compute_output_spec(self, tokens):
+        batch, width = tokens.shape[0], tokens.shape[-1]
+        rows, columns = self.grid_size
+        patches = (batch, rows, columns, width) if self.output_format == "nhwc" else (batch, rows * columns, width)
+        return (keras.KerasTensor((batch, self.num_prefix_tokens, width), dtype=tokens.dtype),
+                keras.KerasTensor(patches, dtype=tokens.dtype))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_prefix_tokens": self.num_prefix_tokens, "grid_size": self.grid_size,
+                       "output": self.output_format})
+        return config
+
+
+def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, output: str = "nhwc",
+                   norm: bool = False) -> keras.Model:
+    """The model's per-block features, sharing its layers and weights.
+
+    Args:
+        model: a keras_vit model (any `include_top`).
+        blocks: encoder block indices (negative counts from the end). Defaults to every block.
+        output: `"nhwc"`: patch tokens as (batch, rows, columns, D) maps; `"tokens"`: (batch, rows * columns, D).
+        norm: pass each block's tokens through the model's final norm (`encoder_norm`), as timm's
+            `forward_intermediates(norm=True)`. Defaults to `False`: the blocks' outputs as they are.
+
+    Returns:
+        A `keras.Model` on the model's inputs with outputs `{"block_<i>": patches, "block_<i>_prefix": prefix
+        tokens}` for each chosen block `i`.
+    """
+    block_layers = [layer for layer in model.layers if isinstance(layer, vit_layers.TransformerBlock)]
+    if not block_layers:
+        raise ValueError(f"Model {model.name!r} has no TransformerBlock layers.")
+    indices = range(len(block_layers)) if blocks is None else blocks
+    chosen = []
+    for index in indices:
+        if not -len(block_layers) <= index < len(block_layers):
+            raise ValueError(f"Block {index} does not exist: model {model.name!r} has {len(block_layers)} blocks "
+                             f"(indices {-len(block_layers)} to {len(block_layers) - 1}).")
+        chosen.append(index % len(block_layers))
+    layer_names = {layer.name for layer in model.layers}
+    if norm and "encoder_norm" not in layer_names:
+        raise ValueError(f"norm=True needs the model's final norm 'encoder_norm', which model {model.name!r} "
+                         "does not have (fc_norm=True models normalize after pooling).")
+    grid = model.get_layer("posembed_input").grid_size
+    outputs = {}
+    for index in chosen:
+        tokens = block_layers[index].output
+        if norm:
+            tokens = model.get_layer("encoder_norm")(tokens)
+        splitter = TokenGrid(tokens.shape[1] - grid[0] * grid[1], grid, output, name=f"grid_{index}")
+        outputs[f"block_{index}_prefix"], outputs[f"block_{index}"] = splitter(tokens)
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    return keras.Model(inputs, outputs, name=f"{model.name}_features")
