@@ -18,6 +18,7 @@ from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit import variants
 from keras_vit.checkpoints import loader as checkpoint_loader
+from keras_vit.checkpoints.architecture import checkpoint_shapes, read_architecture
 
 CLASSIFIERS = ("token", "gap")
 
@@ -247,7 +248,9 @@ def VisionTransformer(
         variant: optional variant name ("B/16", "R50+B/16", ...) whose architecture fills the
             architecture arguments not given; needed for registered `weights` names.
         patch_size, hidden_dim, mlp_dim, num_heads, num_layers: the architecture
-            (patch size on the image, or on the ResNet feature map for hybrids).
+            (patch size on the image, or on the ResNet feature map for hybrids). With `weights=` an `.npz`
+            or `.safetensors` file, those not given (and the family options left at their defaults) are
+            read from the file's keys; timm and Hugging Face files do not store `num_heads`.
         resnet_stages: optional units per ResNet stage, e.g. (3, 4, 9), for a hybrid model.
         Other arguments: as the variant builders (`help(keras_vit.ViTB16)`); `weights`
             defaults to `None` here.
@@ -256,10 +259,16 @@ def VisionTransformer(
     overrides = dict(patch_size=patch_size, hidden_dim=hidden_dim, mlp_dim=mlp_dim, num_heads=num_heads,
                      num_layers=num_layers, resnet_stages=resnet_stages)
     config.update({key: value for key, value in overrides.items() if value is not None})
+    family = dict(activation=activation, layer_scale_init=layer_scale_init, qk_norm=qk_norm,
+                  num_register_tokens=num_register_tokens, no_embed_class=no_embed_class, norm_pre=norm_pre,
+                  fc_norm=fc_norm)
+    if _is_checkpoint_file(weights):
+        config, family = _read_from_file(weights, config, family)
     missing = [key for key in ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers")
                if key not in config]
     if missing:
-        raise ValueError(f"VisionTransformer needs `variant` or the architecture arguments {missing}.")
+        raise ValueError(f"VisionTransformer needs `variant`, the architecture arguments {missing}, or `weights=` "
+                         "an .npz or .safetensors file that holds them.")
     stride = variants.total_stride(config)
     image, image_shape = _image_input(input_tensor, input_shape, stride, pretrained=weights is not None)
     weights_source = checkpoint_loader.resolve(weights, variant=variant, image_size=image_shape[:2],
@@ -276,15 +285,31 @@ def VisionTransformer(
                        classifier=classifier, representation_size=representation_size,
                        position_embedding=position_embedding, dropout_rate=dropout_rate,
                        attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate, remat=remat,
-                       family=dict(activation=activation, layer_scale_init=layer_scale_init, qk_norm=qk_norm,
-                                   num_register_tokens=num_register_tokens, no_embed_class=no_embed_class,
-                                   norm_pre=norm_pre, fc_norm=fc_norm),
-                       grid_size=(image_shape[0] // stride, image_shape[1] // stride), **numerics)
+                       family=family, grid_size=(image_shape[0] // stride, image_shape[1] // stride), **numerics)
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
     model = ViTModel(inputs, outputs, name=name)
     if weights_source is not None:
         checkpoint_loader.load(model, weights_source)
     return model
+
+
+_ARCHITECTURE = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers", "resnet_stages")
+
+
+def _is_checkpoint_file(weights) -> bool:
+    return isinstance(weights, str) and weights.endswith((".npz", ".safetensors")) and os.path.isfile(weights)
+
+
+def _read_from_file(path: str, config: dict[str, Any], family: dict[str, Any]) -> tuple[dict, dict]:
+    """The architecture arguments not given, and the family options left at their defaults, from the
+    checkpoint's keys and shapes (headers only). The number of heads, which the PyTorch layouts do not
+    store, comes from `config` (or the variant table)."""
+    shapes, layout = checkpoint_shapes(path)
+    found = read_architecture(shapes, num_heads=config.get("num_heads"), heads_stored=layout is None)
+    config = dict({key: found[key] for key in _ARCHITECTURE}, **config)
+    family = {key: value if value not in (None, False, 0) else found["options"].get(key, value)
+              for key, value in family.items()}
+    return config, family
 
 
 def _numerics(weights_source, **requested) -> dict[str, Any]:

@@ -21,7 +21,8 @@ import keras_vit.convert
 from keras_vit.checkpoints import loader, registry
 from keras_vit.cli import convert
 from tests.reference import vit_logits
-from tests.testing import TINY_HYBRID, TINY_VIT, big_vision_names, save_checkpoint, vit_checkpoint
+from tests.testing import (TINY_HYBRID, TINY_VIT, big_vision_names, save_checkpoint, save_safetensors, timm_state_dict,
+                           vit_checkpoint)
 
 # ---------------------------------------------------------------------------------------
 # Helpers
@@ -444,3 +445,17 @@ def test_preprocess_input_matches_built_in_preprocessing(vit_file):
     raw = build(vit_file[0])
     scaled = build(vit_file[0], include_preprocessing=False)
     np.testing.assert_allclose(logits(scaled, keras_vit.preprocess_input(x)), logits(raw, x), atol=1e-5)
+
+
+def test_architecture_comes_from_the_file(vit_file, hybrid_file, tmp_path):
+    """`VisionTransformer(weights=file)` without architecture arguments builds what the keys determine."""
+    for (path, _), arch in ((vit_file, TINY_VIT), (hybrid_file, TINY_HYBRID)):
+        from_file = keras_vit.VisionTransformer(weights=path, input_shape=(32, 32, 3), classes=10,
+                                                classifier_activation=None)
+        explicit = build(path, arch=arch)
+        x = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+        np.testing.assert_array_equal(logits(from_file, x), logits(explicit, x))
+        assert from_file.count_params() == explicit.count_params()
+    timm_file = save_safetensors(timm_state_dict(), tmp_path / "tiny_timm.safetensors")
+    with pytest.raises(ValueError, match=r"heads is not stored in the weights: give the variant \(or the number"):
+        keras_vit.VisionTransformer(weights=timm_file, input_shape=(32, 32, 3), classes=10)
