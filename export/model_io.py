@@ -25,13 +25,15 @@ def _has_pixel_input(model: keras.Model) -> bool:
 
 
 def logits_model(model: keras.Model) -> keras.Model:
-    """The classifier up to its `head` Dense layer (logits), sharing the model's weights.
+    """The classifier up to its logits, sharing the model's weights: its `head` Dense layer, or for a DeiT
+    distilled model the mean of its two heads (`head_average`).
 
-    Raises ValueError when the model has no `head`, or when its output is neither the head
-    (logits) nor a softmax of it: probabilities computed from the logits would then be wrong.
+    Raises ValueError when the model has no `head`, or when its output is neither the logits
+    nor a softmax of them: probabilities computed from the logits would then be wrong.
     """
     try:
-        head = model.get_layer("head")
+        names = {layer.name for layer in model.layers}
+        head = model.get_layer("head_average" if "head_average" in names else "head")
     except ValueError:
         raise ValueError(f"Expected a keras_vit classifier with a `head` layer (include_top=True). Model "
                          f"{model.name!r} has layers {[layer.name for layer in model.layers][-4:]} at its end.") from None
@@ -39,7 +41,7 @@ def logits_model(model: keras.Model) -> keras.Model:
     if last is not head:
         activation = getattr(last, "activation", None)
         if not (isinstance(last, keras.layers.Activation) and activation is keras.activations.softmax):
-            raise ValueError(f"Expected the model to end in `head` or a softmax of it. Received last layer "
+            raise ValueError(f"Expected the model to end in its logits or a softmax of them. Received last layer "
                              f"{last.name!r} ({type(last).__name__}, activation={activation!r}).")
     return keras.Model(model.inputs, head.output, name=f"{model.name}_logits")
 

@@ -748,25 +748,26 @@ class TransformerBlock(keras.layers.Layer):
 
 @_register
 class TokenPooling(keras.layers.Layer):
-    """Pools a token sequence to one vector: `"token"` takes row 0 (the class token),
+    """Pools a token sequence to one vector: `"token"` takes row 0 (the class token), `"distillation"` row 1
+    (DeiT's distillation token),
     `"avg"` averages the rows after the first `num_prefix_tokens` (all rows by default: the original's
     `"gap"` classifier; the patch tokens only with `num_prefix_tokens`, as timm's `global_pool="avg"`).
 
     Args:
-        method: str. `"token"` or `"avg"`.
+        method: str. `"token"`, `"avg"` or `"distillation"`.
         num_prefix_tokens: int. Rows `"avg"` leaves out (class and register tokens). Defaults to `0`.
     """
 
     def __init__(self, method: str, num_prefix_tokens: int = 0, **kwargs):
         super().__init__(**kwargs)
-        if method not in POOLINGS:
-            raise ValueError(f"Unknown pooling {method!r}. Expected one of {POOLINGS}.")
+        if method not in (*POOLINGS, "distillation"):
+            raise ValueError(f"Unknown pooling {method!r}. Expected one of {POOLINGS} (or 'distillation').")
         self.method = method
         self.num_prefix_tokens = num_prefix_tokens
 
     def call(self, tokens):
-        if self.method == "token":
-            return tokens[:, 0]
+        if self.method in ("token", "distillation"):
+            return tokens[:, 0 if self.method == "token" else 1]
         return ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
 
     def compute_output_shape(self, input_shape):

@@ -74,6 +74,9 @@ Args:
         `False`.
     fc_norm: bool. Instead of the final norm of every token, a LayerNorm after the average of the patch
         tokens, which the head then pools (`global_pool="avg", fc_norm=True`). Defaults to `False`.
+    distillation_token: bool. DeiT's distillation token after the class token, with a position; the head is
+        then the mean of `head` (class token) and `head_dist` (distillation token), as DeiT's inference.
+        Needs `classifier="token"`; not with registers, `no_embed_class` or `fc_norm`. Defaults to `False`.
     remat: bool. Rematerialize each encoder block in training (gradient checkpointing): activation
         memory of one block instead of all, for about a third more compute. Needs `dropout_rate`,
         `attention_dropout_rate` and `drop_path_rate` at 0. Defaults to `False`.
@@ -239,6 +242,7 @@ def VisionTransformer(
     no_embed_class: bool = False,
     norm_pre: bool = False,
     fc_norm: bool = False,
+    distillation_token: bool = False,
     remat: bool = False,
     name: str = "vision_transformer",
 ) -> keras.Model:
@@ -261,9 +265,15 @@ def VisionTransformer(
     config.update({key: value for key, value in overrides.items() if value is not None})
     family = dict(activation=activation, layer_scale_init=layer_scale_init, qk_norm=qk_norm,
                   num_register_tokens=num_register_tokens, no_embed_class=no_embed_class, norm_pre=norm_pre,
-                  fc_norm=fc_norm)
+                  fc_norm=fc_norm, distillation_token=distillation_token)
     if _is_checkpoint_file(weights):
         config, family = _read_from_file(weights, config, family)
+    if family["distillation_token"] and (classifier != "token" or family["num_register_tokens"]
+                                         or family["no_embed_class"] or family["fc_norm"]):
+        raise ValueError("distillation_token=True needs classifier='token' and no register tokens, no_embed_class "
+                         f"or fc_norm. Received: classifier={classifier!r}, num_register_tokens="
+                         f"{family['num_register_tokens']}, no_embed_class={family['no_embed_class']}, "
+                         f"fc_norm={family['fc_norm']}")
     missing = [key for key in ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers")
                if key not in config]
     if missing:
@@ -338,10 +348,13 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
     if config.get("resnet_stages"):
         x = resnet.resnet_stem(x, config["resnet_stages"])
     x = vit_layers.PatchEncoder(config["hidden_dim"], config["patch_size"], name="embedding")(x)
-    prefix = 1 if classifier == "token" else 0
+    distilled = family["distillation_token"]
+    prefix = (1 if classifier == "token" else 0) + distilled
     embedded_prefix = 0 if family["no_embed_class"] else prefix  # the prefix tokens the position table covers
     if embedded_prefix:
         x = vit_layers.ClassToken(name="cls")(x)
+    if distilled:  # DeiT: [class, distillation, patches], both with a position
+        x = vit_layers.RegisterTokens(1, position=1, name="dist_token")(x)
     x = vit_layers.PositionEmbedding(grid_size, embedded_prefix, position_embedding, name="posembed_input")(x)
     registers = family["num_register_tokens"]
     if registers:
@@ -363,6 +376,7 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
         x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
     if not include_top and pooling is None:
         return x
+    tokens = x
     method = "avg" if family["fc_norm"] else "token" if include_top and prefix else pooling or "avg"
     # Models of 0.2.0 average every token; with the family's options, the patch tokens only (as timm).
     skipped = prefix + registers if registers or family["fc_norm"] else 0
@@ -374,6 +388,11 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
     if not include_top:
         return x
     x = keras.layers.Dense(classes, kernel_initializer="zeros", name="head", dtype="float32")(x)
+    if distilled:  # DeiT in inference: the mean of the class token's head and the distillation token's
+        distillation = vit_layers.TokenPooling("distillation", name="pool_distillation")(tokens)
+        distillation = keras.layers.Dense(classes, kernel_initializer="zeros", name="head_dist",
+                                          dtype="float32")(distillation)
+        x = keras.layers.Average(name="head_average", dtype="float32")([x, distillation])
     if classifier_activation is not None:
         x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
     return x

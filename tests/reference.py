@@ -21,7 +21,7 @@ def released_names(model_or_layer) -> dict[str, np.ndarray]:
     for weight in model_or_layer.weights:
         key = weight.path.replace("/gamma", "/scale").replace("/beta", "/bias")
         key = key.replace("/attention_output/", "/out/").replace("cls/cls", "cls")
-        key = key.replace("registers/registers", "registers")
+        key = key.replace("registers/registers", "registers").replace("dist_token/registers", "dist_token")
         if key.split("/")[0].startswith(("encoderblock_", "posembed_input", "encoder_norm")):
             key = "Transformer/" + key
         arrays[key] = keras.ops.convert_to_numpy(weight).astype("float64")
@@ -168,12 +168,14 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     gh, gw = x.shape[1:3]
     x = x.reshape(x.shape[0], gh * gw, -1)
     posemb = a["Transformer/posembed_input/pos_embedding"][0]
-    prefix = 1 if "cls" in a else 0
+    prefix = (1 if "cls" in a else 0) + ("dist_token" in a)
     embedded = 0 if no_embed_class else prefix
 
     def prepend(tokens, x):
         return np.concatenate([np.broadcast_to(tokens, (x.shape[0], *tokens.shape[1:])), x], axis=1)
 
+    if "dist_token" in a:  # DeiT distilled: [class, distillation, patches]
+        x = prepend(a["dist_token"], x)
     if embedded:
         x = prepend(a["cls"], x)
     old = posemb_grid or (int(np.sqrt(len(posemb) - embedded)),) * 2
@@ -198,6 +200,9 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
         x = layer_norm(patches.mean(axis=1), a["fc_norm/scale"], a["fc_norm/bias"], eps)
     else:
         x = layer_norm(x, a["Transformer/encoder_norm/scale"], a["Transformer/encoder_norm/bias"], eps)
+        if "head_dist/kernel" in a:  # DeiT's inference: the mean of its two heads
+            return (x[:, 0] @ a["head/kernel"] + a["head/bias"] + x[:, 1] @ a["head_dist/kernel"]
+                    + a["head_dist/bias"]) / 2
         x = x[:, 0] if prefix else x[:, 0 if registers is None else registers.shape[1]:].mean(axis=1)
     if "pre_logits/kernel" in a:
         x = np.tanh(x @ a["pre_logits/kernel"] + a["pre_logits/bias"])
@@ -234,6 +239,9 @@ def released_from_torch(state: dict, num_heads: int) -> dict[str, np.ndarray]:
             a[released + "/scale"], a[released + "/bias"] = t[source + ".weight"], t[source + ".bias"]
     if "reg_token" in t:
         a["registers"] = t["reg_token"]
+    if "dist_token" in t:
+        a["dist_token"] = t["dist_token"]
+        a["head_dist/kernel"], a["head_dist/bias"] = t["head_dist.weight"].T, t["head_dist.bias"]
     for top, released in (("head" if timm else "classifier", "head"), ("pooler.dense", "pre_logits")):
         if top + ".weight" in t:
             a[released + "/kernel"], a[released + "/bias"] = t[top + ".weight"].T, t[top + ".bias"]

@@ -139,6 +139,14 @@ def test_remat_reaches_every_block_and_its_config():
         tiny(remat=True, dropout_rate=0.1)
 
 
+def test_distillation_token_needs_a_class_token_and_no_registers():
+    with pytest.raises(ValueError, match=r"distillation_token=True needs classifier='token'.*num_register_tokens=4"):
+        tiny(distillation_token=True, num_register_tokens=4)
+    model = tiny(distillation_token=True)
+    assert model.get_layer("posembed_input").num_prefix_tokens == 2
+    assert model.get_layer("head_dist").output.shape == (None, 10)
+
+
 def test_tiny_model_trains():
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=2)
     x = images((32, 16, 16, 3))

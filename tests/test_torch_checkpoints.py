@@ -210,6 +210,7 @@ TIMM_FAMILIES = {
                          dict(layer_scale_init=1e-5, no_embed_class=True, num_register_tokens=4)),
     "qk_norm_norm_pre_fc_norm": (dict(qk_norm=True, norm_pre=True, fc_norm=True),
                                  dict(qk_norm=True, norm_pre=True, fc_norm=True)),
+    "deit_distilled": (dict(distilled=True), dict(distillation_token=True)),
 }
 
 
@@ -230,14 +231,14 @@ def test_timm_family_files_load_and_match_the_numpy_forward(tmp_path, family):
     block = from_file.get_layer("encoderblock_1")
     assert (block.layer_scale_init is not None, block.qk_norm) == ("layer_scale" in state_options,
                                                                    "qk_norm" in state_options)
+    assert ("head_dist" in {layer.name for layer in from_file.layers}) == ("distilled" in state_options)
 
 
 @pytest.mark.parametrize("extra, drop, feature", [
-    ({"dist_token": np.ones((1, 1, 48), "float32")}, (), "a distillation token"),
     ({"attn_pool.latent": np.ones((1, 1, 48), "float32")}, (), "attention pooling"),
     ({}, ("patch_embed.proj.bias",), "a patch embedding without bias"),
     ({}, ("cls_token",), "no class token"),
-], ids=["distillation_token", "attention_pooling", "no_patch_bias", "no_class_token"])
+], ids=["attention_pooling", "no_patch_bias", "no_class_token"])
 def test_unsupported_timm_features_are_refused(tmp_path, random_model, extra, drop, feature):
     state = timm_state_dict()
     state.update(extra)

@@ -249,7 +249,7 @@ def timm_state_dict(seed=0, depth=2, width=48, mlp=96, patch=8, grid=4, classes=
 
 
 def timm_family_state_dict(seed=0, *, registers=0, layer_scale=False, no_embed_class=False, qk_norm=False,
-                           norm_pre=False, fc_norm=False, **kwargs):
+                           norm_pre=False, fc_norm=False, distilled=False, **kwargs):
     """`timm_state_dict` with the keys of timm's family options (DeiT-III, DINOv2, ...), non-degenerate values."""
     state = timm_state_dict(seed, **kwargs)
     rng = np.random.default_rng(seed + 100)
@@ -261,6 +261,13 @@ def timm_family_state_dict(seed=0, *, registers=0, layer_scale=False, no_embed_c
 
     if no_embed_class:
         state["pos_embed"] = state["pos_embed"][:, 1:]
+    if distilled:  # DeiT distilled: a second prefix token with a position, and a second head
+        state["dist_token"] = vector((1, 1, width), scale=0.5)
+        state["pos_embed"] = np.concatenate([state["pos_embed"][:, :1], vector((1, 1, width), scale=0.5),
+                                             state["pos_embed"][:, 1:]], axis=1)
+        classes = state["head.weight"].shape[0]
+        state["head_dist.weight"] = (rng.normal(size=(classes, width)) * 3 / math.sqrt(width)).astype("float32")
+        state["head_dist.bias"] = vector(classes)
     if registers:
         state["reg_token"] = vector((1, registers, width), scale=0.5)
     for i in range(depth):

@@ -68,7 +68,8 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
                  representation_size=_width(shapes, "pre_logits/bias"), classes=_width(shapes, "head/bias"))
     found["options"] = _family_options(shapes, paths, found["classifier"] == "token")
     if npz.POSEMB_KEY in shapes:
-        embedded = found["classifier"] == "token" and not found["options"]["no_embed_class"]
+        embedded = 0 if found["options"]["no_embed_class"] else (
+            (found["classifier"] == "token") + found["options"]["distillation_token"])
         side = math.isqrt(shapes[npz.POSEMB_KEY][1] - embedded)
         found["image_size"] = side * variants.total_stride(found)
     if num_heads is not None or variant is not None:
@@ -92,7 +93,8 @@ def _family_options(shapes: Mapping[str, Sequence[int]], paths: Mapping[str, tup
                 num_register_tokens=shapes["registers"][1] if "registers" in shapes else 0,
                 no_embed_class=bool(class_token and tokens and math.isqrt(tokens) ** 2 == tokens),
                 qk_norm=any(path.endswith("/query_norm/gamma") for path in paths),
-                norm_pre="norm_pre/scale" in shapes, fc_norm="fc_norm/scale" in shapes)
+                norm_pre="norm_pre/scale" in shapes, fc_norm="fc_norm/scale" in shapes,
+                distillation_token="dist_token" in shapes)
 
 
 def _width(shapes: Mapping[str, Sequence[int]], key: str) -> int | None:

@@ -157,6 +157,8 @@ KEY_TABLE: tuple[tuple[str, str, Callable[[np.ndarray], np.ndarray]], ...] = (
     (_BLOCK + r"/MultiHeadDotProductAttention_1/(query_norm|key_norm)/bias",
      r"\1/MultiHeadDotProductAttention_1/\2/beta", _as_is),
     (r"registers", "registers/registers", _as_is),
+    (r"dist_token", "dist_token/registers", _as_is),
+    (r"head_dist/(kernel|bias)", r"head_dist/\1", _as_is),
     (r"(norm_pre|fc_norm)/scale", r"\1/gamma", _as_is),
     (r"(norm_pre|fc_norm)/bias", r"\1/beta", _as_is),
     (r"Transformer/encoder_norm/scale", "encoder_norm/gamma", _as_is),

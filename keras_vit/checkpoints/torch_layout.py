@@ -18,9 +18,9 @@ Face's default 1e-12 (`NUMERICS`): the builders take these when `weights=` is su
 
 Supported: class-token models (timm `global_pool='token'`, Hugging Face ViT), with or without
 their head; in timm files also register tokens, layer scale, `no_embed_class`, `qk_norm`, `norm_pre` and
-`fc_norm` (DeiT-III, timm's DINOv2), built with the matching `VisionTransformer` options. Not supported,
-and refused with an error naming the keys that show them: timm models without a class token, with a
-distillation token, attention pooling, a patch-embedding norm or a patch embedding without bias (CLIP);
+`fc_norm` (DeiT-III, timm's DINOv2) and the distillation token (DeiT distilled), built with the matching
+`VisionTransformer` options. Not supported, and refused with an error naming the keys that show them: timm
+models without a class token, with attention pooling, a patch-embedding norm or a patch embedding without bias (CLIP);
 Hugging Face configs other than the defaults for `layer_norm_eps` and `hidden_act` (not stored
 in the weights file, so not detectable).
 """
@@ -65,7 +65,6 @@ def detect_layout(keys: Sequence[str]) -> str:
 
 # timm features whose numerics keras_vit does not implement: (key regex, what it is).
 _TIMM_UNSUPPORTED = (
-    (r"dist_token", "a distillation token (DeiT distilled)"),
     (r"blocks\.\d+\.(attn|mlp)\.norm\..*", "scale_attn_norm / scale_mlp_norm"),
     (r"attn_pool\..*", "attention pooling (global_pool='map')"),
     (r"patch_embed\.norm\..*", "a patch-embedding norm"),
@@ -92,7 +91,7 @@ def check_supported(shapes: dict[str, tuple[int, ...]], layout: str, origin: str
                            for feature, keys in found.items())
         raise ValueError(f"{origin!r} is a {layout} ViT with features keras_vit does not implement: {listed}. "
                          "Supported: class-token ViTs as timm's vit_*_patch*_* (also with registers, layer scale, "
-                         "no_embed_class, qk_norm, norm_pre, fc_norm) and Hugging Face's ViT; nothing was loaded.")
+                         "no_embed_class, qk_norm, norm_pre, fc_norm, a distillation token) and Hugging Face's ViT; nothing was loaded.")
 
 
 # ---------------------------------------------------------------------------------------
@@ -182,6 +181,9 @@ _TIMM_TABLE = (
     ("blocks.{i}.mlp.fc2.weight", (_B + "/MlpBlock_3/Dense_1/kernel",), _linear),
     ("blocks.{i}.mlp.fc2.bias", (_B + "/MlpBlock_3/Dense_1/bias",), _same),
     ("reg_token", ("registers",), _same),
+    ("dist_token", ("dist_token",), _same),
+    ("head_dist.weight", ("head_dist/kernel",), _linear),
+    ("head_dist.bias", ("head_dist/bias",), _same),
     ("blocks.{i}.ls1.gamma", (_B + "/ls1/scale",), _same),
     ("blocks.{i}.ls2.gamma", (_B + "/ls2/scale",), _same),
     *((f"blocks.{{i}}.attn.{name[0]}_norm.{weight}", (f"{_ATTN}/{name}_norm/{released}",), _same)
