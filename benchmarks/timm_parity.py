@@ -24,7 +24,8 @@ BUILDERS = {"vit_tiny_patch16_224": "ViTTi16", "vit_small_patch16_224": "ViTS16"
             "vit_base_patch16_224": "ViTB16", "vit_large_patch16_224": "ViTL16"}
 # The ViT family's timm models, built from the file alone (`convert_checkpoint`: architecture and options read
 # from the keys, the number of heads given), at 224 px with a 1000-class head: (timm name, create_model kwargs).
-FAMILIES = {"deit3_small_patch16_224": {}, "deit_small_distilled_patch16_224": {}, "vit_small_patch14_reg4_dinov2": {"img_size": 224, "num_classes": 1000},
+FAMILIES = {"deit3_small_patch16_224": {}, "deit_small_distilled_patch16_224": {},
+            "vit_small_patch14_reg4_dinov2": {"img_size": 224, "num_classes": 1000},
             "vit_small_patch14_dinov2": {"img_size": 224, "num_classes": 1000}}
 
 

@@ -62,6 +62,7 @@ def test_bad_requests_are_named():
         keras_vit.features_model(dinov2_like(fc_norm=True), norm=True)
 
 
+@pytest.mark.slow
 def test_features_as_a_segmentation_backbone_train_and_round_trip(tmp_path):
     features = keras_vit.features_model(dinov2_like(), blocks=[-1])
     image = keras.Input((32, 48, 3))

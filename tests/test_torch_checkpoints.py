@@ -214,7 +214,8 @@ TIMM_FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", sorted(TIMM_FAMILIES))
+@pytest.mark.parametrize("family", [name if name == "dinov2_registers" else pytest.param(name, marks=pytest.mark.slow)
+                                    for name in sorted(TIMM_FAMILIES)])
 def test_timm_family_files_load_and_match_the_numpy_forward(tmp_path, family):
     state_options, model_options = TIMM_FAMILIES[family]
     state = timm_family_state_dict(**state_options)

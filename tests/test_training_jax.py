@@ -131,6 +131,7 @@ def _assert_equals_one_device(workdir, report: dict, name: str, replicas: int, m
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow  # one JAX subprocess with 4 host devices (about 20 s)
 def test_data_parallel_on_4_devices_equals_one_device(sharding):
     workdir, report = sharding
     assert len(report["devices"]) == DEVICES
@@ -145,6 +146,7 @@ def test_model_parallel_2x2_equals_one_device(tmp_path):
     _assert_equals_one_device(tmp_path, report, "model_parallel", replicas=2, mlp_shard=[16, 16])
 
 
+@pytest.mark.slow  # one JAX subprocess with 4 host devices (about 20 s)
 def test_jax_rejects_tensorflow_only_and_uneven_options(sharding):
     errors = sharding[1]["errors"]
     assert "strategy='mirrored' is a tf.distribute strategy" in errors["mirrored"] and "'auto'" in errors["mirrored"]

@@ -91,7 +91,8 @@ def check_supported(shapes: dict[str, tuple[int, ...]], layout: str, origin: str
                            for feature, keys in found.items())
         raise ValueError(f"{origin!r} is a {layout} ViT with features keras_vit does not implement: {listed}. "
                          "Supported: class-token ViTs as timm's vit_*_patch*_* (also with registers, layer scale, "
-                         "no_embed_class, qk_norm, norm_pre, fc_norm, a distillation token) and Hugging Face's ViT; nothing was loaded.")
+                         "no_embed_class, qk_norm, norm_pre, fc_norm, a distillation token) and Hugging Face's "
+                         "ViT; nothing was loaded.")
 
 
 # ---------------------------------------------------------------------------------------
