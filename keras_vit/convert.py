@@ -19,9 +19,7 @@ import numpy as np
 
 from keras_vit import models
 from keras_vit.checkpoints import torch_layout
-from keras_vit.checkpoints.architecture import checkpoint_shapes, read_architecture
-
-_ARCHITECTURE = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers", "resnet_stages")
+from keras_vit.checkpoints.architecture import ARCHITECTURE_ARGUMENTS, checkpoint_shapes, read_architecture
 
 
 def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = None, num_heads: int | None = None,
@@ -53,7 +51,7 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
         raise ValueError(f"The output must end in .keras or .weights.h5. Received: {output!r}")
     shapes, layout = checkpoint_shapes(checkpoint)
     found = read_architecture(shapes, variant=variant, num_heads=num_heads, heads_stored=layout is None)
-    architecture = {key: found[key] for key in _ARCHITECTURE} if variant is None else (
+    architecture = {key: found[key] for key in ARCHITECTURE_ARGUMENTS} if variant is None else (
         {"num_heads": num_heads} if num_heads else {})
     image_size = image_size or (found["image_size"],) * 2
     classes = found["classes"]

@@ -18,7 +18,7 @@ from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit import variants
 from keras_vit.checkpoints import loader as checkpoint_loader
-from keras_vit.checkpoints.architecture import checkpoint_shapes, read_architecture
+from keras_vit.checkpoints.architecture import ARCHITECTURE_ARGUMENTS, checkpoint_shapes, read_architecture
 
 CLASSIFIERS = ("token", "gap")
 
@@ -303,9 +303,6 @@ def VisionTransformer(
     return model
 
 
-_ARCHITECTURE = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers", "resnet_stages")
-
-
 def _is_checkpoint_file(weights) -> bool:
     return isinstance(weights, str) and weights.endswith((".npz", ".safetensors")) and os.path.isfile(weights)
 
@@ -316,7 +313,7 @@ def _read_from_file(path: str, config: dict[str, Any], family: dict[str, Any]) -
     store, comes from `config` (or the variant table)."""
     shapes, layout = checkpoint_shapes(path)
     found = read_architecture(shapes, num_heads=config.get("num_heads"), heads_stored=layout is None)
-    config = dict({key: found[key] for key in _ARCHITECTURE}, **config)
+    config = dict({key: found[key] for key in ARCHITECTURE_ARGUMENTS}, **config)
     family = {key: value if value not in (None, False, 0) else found["options"].get(key, value)
               for key, value in family.items()}
     return config, family

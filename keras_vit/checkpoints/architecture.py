@@ -15,6 +15,8 @@ from typing import Mapping, Sequence
 from keras_vit import variants
 from keras_vit.checkpoints import npz, safetensors_file, torch_layout
 
+# The `VisionTransformer` arguments that fix the architecture, as `read_architecture` returns them.
+ARCHITECTURE_ARGUMENTS = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers", "resnet_stages")
 _MLP = "encoderblock_0/MlpBlock_3/Dense_0/kernel"
 _QUERY = "encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
 
