@@ -425,25 +425,7 @@ def test_multiworker_two_processes_end_with_identical_weights(tmp_path):
     assert json.load(open(tmp_path / "model.eval.json"))["optimizer_iterations"] == 6
 
 
-KILLABLE_WORKER = textwrap.dedent("""
-    import os, signal, sys, keras
-    from keras_vit.training import configs, distribute, trainer
-    workdir, kill_at, *overrides = sys.argv[1:]
-    marker = os.path.join(workdir, f"killed_worker_{distribute.worker_index()}")
-
-    class KillOnce(keras.callbacks.Callback):
-        \"\"\"SIGKILLs this process as optimizer step `kill_at` begins, on its first run only.\"\"\"
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if int(self.model.optimizer.iterations.numpy()) == int(kill_at) and not os.path.exists(marker):
-                open(marker, "w").close()
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    config = configs.apply_overrides(configs.get_config("digits"), overrides)
-    summary = trainer.train_and_evaluate(config, workdir, strategy=distribute.get_strategy("multiworker"),
-                                         callbacks=[KillOnce()], verbose=0)
-    print("ITERATIONS:", summary["optimizer_iterations"])
-""")
+KILLABLE_WORKER = [sys.executable, "-m", "tests.killable_run"]  # WORKDIR KILL_AT STRATEGY OVERRIDES...
 
 
 def _start_workers(workdir, ports: list[int], kill_at: list[int], overrides: list[str]) -> list[subprocess.Popen]:
@@ -452,7 +434,7 @@ def _start_workers(workdir, ports: list[int], kill_at: list[int], overrides: lis
     for index, port in enumerate(ports):
         tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
         processes.append(subprocess.Popen(
-            [sys.executable, "-c", KILLABLE_WORKER, str(workdir), str(kill_at[index]), *overrides],
+            [*KILLABLE_WORKER, str(workdir), str(kill_at[index]), "multiworker", *overrides], cwd=REPO,
             env={**_env(), "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True))
     return processes

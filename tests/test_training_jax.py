@@ -189,26 +189,7 @@ def test_vit_layout_map_splits_heads_and_mlp_only():
 
 # === Crash-safe resume ===
 
-KILLABLE_RUN = textwrap.dedent("""
-    import json, os, signal, sys, keras
-    from keras_vit.training import configs, distribute, trainer
-
-    workdir, kill_at, *overrides = sys.argv[1:]
-    marker = os.path.join(workdir, "killed")
-
-    class KillOnce(keras.callbacks.Callback):
-        \"\"\"SIGKILLs this process as optimizer step `kill_at` begins, on its first run only.\"\"\"
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if int(self.model.optimizer.iterations.numpy()) == int(kill_at) and not os.path.exists(marker):
-                open(marker, "w").close()
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    config = configs.apply_overrides(configs.get_config("digits"), overrides)
-    summary = trainer.train_and_evaluate(config, workdir, strategy=distribute.get_strategy("auto"),
-                                         callbacks=[KillOnce()], verbose=0)
-    print("REPORT:", json.dumps(summary))
-""")
+KILLABLE_RUN = [sys.executable, "-m", "tests.killable_run"]  # WORKDIR KILL_AT STRATEGY OVERRIDES...
 
 
 @pytest.mark.slow
@@ -219,13 +200,13 @@ def test_killed_data_parallel_run_resumes_and_equals_an_uninterrupted_run(tmp_pa
     overrides = [*TINY, "train_split=train[:29%]", "batch_size=32", "steps_per_epoch=0", "epochs=3",
                  "shuffle_buffer=0", "inception_crop=false", "warmup_steps=5"]
     killed = tmp_path / "killed"
-    command = [sys.executable, "-c", KILLABLE_RUN, str(killed), "20", *overrides]
+    command = [*KILLABLE_RUN, str(killed), "20", "auto", *overrides]
     first = subprocess.run(command, cwd=REPO, env=_jax_env(), capture_output=True, text=True, timeout=240)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     assert json.loads((killed / "backup" / "worker_0" / "training_metadata.json").read_text()) == {
         "epoch": 1, "batch": 0}
     resumed = _report(_run_jax(command, timeout=240).stdout)
-    straight = _report(_run_jax([sys.executable, "-c", KILLABLE_RUN, str(tmp_path / "straight"), "-1", *overrides],
+    straight = _report(_run_jax([*KILLABLE_RUN, str(tmp_path / "straight"), "-1", "auto", *overrides],
                                 timeout=240).stdout)
     starts = [json.loads(line) for line in (killed / "train_log.jsonl").read_text().splitlines()]
     assert starts == [{"initial_epoch": 0, "optimizer_iterations": 0}, {"initial_epoch": 1, "optimizer_iterations": 13}]

@@ -1,0 +1,39 @@
+"""A digits training run that SIGKILLs itself once, for the crash-safe resume tests (TensorFlow and JAX):
+
+    python -m tests.killable_run WORKDIR KILL_AT STRATEGY [OVERRIDE ...]
+
+Trains `configs.get_config("digits")` with the overrides under `distribute.get_strategy(STRATEGY)`; the
+process kills itself as optimizer step KILL_AT begins, on its first run in WORKDIR only (-1: never). Prints
+`REPORT: <the run's summary as JSON>`.
+"""
+
+import json
+import os
+import signal
+import sys
+
+import keras
+
+from keras_vit.training import configs, distribute, trainer
+
+
+class KillOnce(keras.callbacks.Callback):
+    """SIGKILLs this process as optimizer step `kill_at` begins, on its first run only (a marker file says)."""
+
+    def __init__(self, kill_at: int, marker: str):
+        super().__init__()
+        self.kill_at, self.marker = kill_at, marker
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.kill_at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    workdir, kill_at, strategy, *overrides = sys.argv[1:]
+    marker = os.path.join(workdir, f"killed_worker_{distribute.worker_index()}")
+    config = configs.apply_overrides(configs.get_config("digits"), overrides)
+    summary = trainer.train_and_evaluate(config, workdir, strategy=distribute.get_strategy(strategy),
+                                         callbacks=[KillOnce(int(kill_at), marker)], verbose=0)
+    print("REPORT:", json.dumps(summary))
