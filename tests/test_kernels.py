@@ -158,6 +158,20 @@ def test_each_kernel_alone_matches_the_portable_path(monkeypatch, block_and_toke
     _assert_same(_traced(step, True)(x), portable)
 
 
+def test_onednn_layer_norm_takes_the_4d_query_and_key_norms(monkeypatch):
+    """qk_norm normalizes (batch, heads, tokens, head_dim) tensors; oneDNN's op alone takes 2-D or 3-D ones."""
+    if not kernels.detect().onednn_layer_norm_op:
+        pytest.skip("this TensorFlow build has no oneDNN LayerNorm op")
+    block = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64, qk_norm=True)
+    x = tf.constant(np.random.default_rng(1).normal(size=(3, 9, 32)).astype("float32"))
+    block(x)
+    randomize(block)
+    step = lambda x: _output_and_gradients(block, x)  # noqa: E731
+    portable = _traced(step, False)(x)
+    _force(monkeypatch, kernels.KernelChoice(onednn_layer_norm=frozenset({"float32"})))
+    _assert_same(_traced(step, True)(x), portable)
+
+
 def _xla_functions(function, x) -> list[str]:
     """Names of the functions XLA must compile in `function`'s graph."""
     graph_def = function.get_concrete_function(x).graph.as_graph_def()

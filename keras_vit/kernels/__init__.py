@@ -94,8 +94,10 @@ def layer_norm(x, gamma, beta, epsilon: float):
     """LayerNorm of the last axis of `x` (statistics in float32, as keras.layers.LayerNormalization)."""
     choice = active()
     if keras.backend.standardize_dtype(x.dtype) in choice.onednn_layer_norm:
-        return tf_ops.onednn_layer_norm(x, ops.cast(gamma, x.dtype), ops.cast(beta, x.dtype), epsilon,
-                                        xla_backward=choice.xla_elementwise)
+        rows = ops.reshape(x, (-1, x.shape[-1]))  # the op takes 2-D or 3-D inputs; q/k norms are 4-D
+        normed = tf_ops.onednn_layer_norm(rows, ops.cast(gamma, x.dtype), ops.cast(beta, x.dtype), epsilon,
+                                          xla_backward=choice.xla_elementwise)
+        return ops.reshape(normed, ops.shape(x))
     return tf_ops.portable_layer_norm(x, gamma, beta, epsilon)
 
 
