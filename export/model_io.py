@@ -10,9 +10,22 @@ from __future__ import annotations
 import keras
 
 
+def patch_stride(model: keras.Model) -> int | None:
+    """The patch stride of a keras_vit model built for any input size (`input_shape=(None, None, 3)`), whose
+    position embedding is fitted to each image's grid; None for a model of a fixed size."""
+    names = {layer.name for layer in model.layers}
+    stride = model.get_layer("posembed_input").patch_stride if "posembed_input" in names else None
+    return None if stride is None else stride[0]
+
+
 def image_size(model: keras.Model) -> tuple[int, int]:
-    """The (height, width) a single-input RGB image model takes; raises ValueError otherwise."""
+    """The (height, width) a single-input RGB image model takes; raises ValueError otherwise. For a keras_vit
+    model of any input size: the size its position embedding is stored for (its checkpoint's)."""
     shape = tuple(model.input_shape) if not isinstance(model.input_shape, list) else None
+    stride = patch_stride(model)
+    if stride and shape is not None and len(shape) == 4 and shape[3] == 3:
+        rows, columns = model.get_layer("posembed_input").grid_size
+        return rows * stride, columns * stride
     if shape is None or len(shape) != 4 or shape[1] is None or shape[2] is None or shape[3] != 3:
         raise ValueError(f"Expected a model with one input of shape (batch, height, width, 3) with a static "
                          f"height and width. Received input shape: {model.input_shape}")

@@ -57,7 +57,11 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
             with INVALID_ARGUMENT before they are decoded. Defaults to 40,000,000.
         max_batch: most images in one request. Defaults to `256`.
 
-    The limits, image size and formats are recorded in `assets.extra/keras_vit_export.json`.
+    A model built for any input size (`input_shape=(None, None, 3)`) is exported so: `serving_default` takes
+    images at their own size, height and width multiples of its patch stride (`serving.serving_archive`).
+
+    The limits, image size (`serving_bytes`' size, and the warmup's), formats and, for a model of any input
+    size, its patch stride (`any_size_stride`, else null) are recorded in `assets.extra/keras_vit_export.json`.
     """
     base = Path(base_dir)
     version = next_version(base) if version is None else version
@@ -70,7 +74,8 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
     archive = serving.serving_archive(model, top_k=top_k, class_names=class_names, max_pixels=max_pixels,
                                       max_batch=max_batch)
     size = model_io.image_size(model)
-    metadata = {"image_size": list(size), "max_pixels": max_pixels, "max_batch": max_batch,
+    metadata = {"image_size": list(size), "any_size_stride": model_io.patch_stride(model),
+                "max_pixels": max_pixels, "max_batch": max_batch,
                 "top_k": min(top_k, int(model.output_shape[-1])), "image_formats": list(image_io.FORMATS),
                 "signatures": ["serving_default", serving.BYTES_SIGNATURE]}
     base.mkdir(parents=True, exist_ok=True)

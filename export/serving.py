@@ -3,7 +3,10 @@
 `serving_default` takes float32 images of any size in [0, 255]; `serving_bytes` takes encoded
 JPEG/PNG/GIF/BMP strings (what TF Serving's REST API receives as `{"b64": ...}`). Both resize
 to the model's size inside and return `logits`, `probabilities`, top-k `classes` and `scores`,
-and `class_names` when the exporter was given names.
+and `class_names` when the exporter was given names. A model built for any input size
+(`input_shape=(None, None, 3)`) is served at each image's own size on `serving_default`: no resize,
+height and width must be multiples of its patch stride (else INVALID_ARGUMENT); `serving_bytes`
+still resizes, to the size of its checkpoint (`model_io.image_size`), as a batch has one size.
 
 Both are bounded: a request holds at most `max_batch` images of at most `max_pixels` pixels
 each, or fails with INVALID_ARGUMENT naming the limit. Encoded images are checked from their
@@ -60,6 +63,15 @@ def check_images(images: tf.Tensor, max_pixels: int, max_batch: int) -> tf.Opera
     return tf.group(check_batch(shape[0], max_batch), image_io.check_size(shape[1], shape[2], max_pixels))
 
 
+def check_stride(images: tf.Tensor, stride: int) -> tf.Operation:
+    """An op failing with InvalidArgumentError unless the images' height and width are multiples of `stride`."""
+    height, width = tf.shape(images)[1], tf.shape(images)[2]
+    message = tf.strings.format("Image of {}x{} pixels is not a whole number of patches: height and width must be "
+                                "multiples of the patch stride {} of this model; resize or crop it.",
+                                (height, width, stride))
+    return tf.debugging.Assert(tf.logical_and(height % stride == 0, width % stride == 0), [message])
+
+
 def _predictions(logits: tf.Tensor, top_k: int, class_names: Sequence[str] | None) -> dict[str, tf.Tensor]:
     probabilities = tf.nn.softmax(logits)
     scores, classes = tf.math.top_k(probabilities, k=top_k)
@@ -82,11 +94,11 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
     """An ExportArchive with the `serving_default` and `serving_bytes` endpoints of `model`.
 
     `max_pixels` bounds each image's height * width and `max_batch` the images per request, on
-    both endpoints.
+    both endpoints. A model of any input size takes `serving_default`'s images at their own size.
     """
     check_limits(max_pixels, max_batch)
     pixel_logits = model_io.pixel_logits_model(model)
-    size = model_io.image_size(model)
+    size, stride = model_io.image_size(model), model_io.patch_stride(model)
     num_classes = int(pixel_logits.output_shape[-1])
     if class_names is not None and len(class_names) != num_classes:
         raise ValueError(f"Expected {num_classes} class names (one per model class). "
@@ -99,8 +111,10 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
         return _predictions(pixel_logits(images, training=False), top_k, class_names)
 
     def serve_images(images: tf.Tensor) -> dict[str, tf.Tensor]:
-        with tf.control_dependencies([check_images(images, max_pixels, max_batch)]):
-            return predict(resize(tf.identity(images), size))
+        checks = [check_images(images, max_pixels, max_batch)] + ([check_stride(images, stride)] if stride else [])
+        with tf.control_dependencies(checks):
+            images = tf.identity(images)
+            return predict(images if stride else resize(images, size))
 
     def serve_bytes(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
         with tf.control_dependencies([check_batch(tf.size(image_bytes), max_batch)]):

@@ -18,12 +18,13 @@ import keras
 import numpy as np
 
 from keras_vit import models
-from keras_vit.checkpoints import torch_layout
-from keras_vit.checkpoints.architecture import ARCHITECTURE_ARGUMENTS, checkpoint_shapes, read_architecture
+from keras_vit.checkpoints.architecture import checkpoint_shapes, read_architecture
 
 
 def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = None, num_heads: int | None = None,
-                       image_size: tuple[int, int] | None = None) -> tuple[keras.Model, float]:
+                       image_size: tuple[int, int] | None = None, layer_norm_epsilon: float | None = None,
+                       gelu_approximate: bool | None = None,
+                       activation: str | None = None) -> tuple[keras.Model, float]:
     """Writes an original `.npz` or a timm / Hugging Face `.safetensors` checkpoint as a Keras file.
 
     The model returns logits with the checkpoint's head or, if it has none, the pooled features (through
@@ -31,7 +32,7 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
     one takes [-1, 1] (no preprocessing layer) and computes with its source's numerics.
 
     validate_output: the written file is read back into a fresh model (`keras.saving.load_model` for
-    `.keras`; a new model built with `weights=` the file for `.weights.h5`) and compared with the
+    `.keras`; a new model built from the model's config for `.weights.h5`) and compared with the
     checkpoint-loaded model on two random images. Faithfulness of that model to the source is what the
     loader checks (every key and shape) and what the tests measure against NumPy forward passes.
 
@@ -40,8 +41,11 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
         output: path ending in `.keras` or `.weights.h5`.
         variant: optional variant name: the architecture to build (the checkpoint must fit it). Defaults
             to the architecture read from the checkpoint.
-        num_heads: optional number of heads, for a `.safetensors` model not in the variant table.
+        num_heads: optional number of heads, for a `.safetensors` model not in the variant table (a Hugging
+            Face `config.json` beside the file gives it).
         image_size: optional (height, width). Defaults to the checkpoint's.
+        layer_norm_epsilon, gelu_approximate, activation: the numerics no timm file records (a CLIP: 1e-5 and
+            `"quick_gelu"`); as `keras_vit.VisionTransformer`.
 
     Returns:
         The checkpoint-loaded model, and the max |difference| of the reloaded file's outputs from its
@@ -50,24 +54,22 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
     if not output.endswith((".keras", ".weights.h5")):
         raise ValueError(f"The output must end in .keras or .weights.h5. Received: {output!r}")
     shapes, layout = checkpoint_shapes(checkpoint)
-    found = read_architecture(shapes, variant=variant, num_heads=num_heads, heads_stored=layout is None)
-    architecture = {key: found[key] for key in ARCHITECTURE_ARGUMENTS} if variant is None else (
-        {"num_heads": num_heads} if num_heads else {})
+    found = read_architecture(shapes)  # the head and pooling; the model reads the rest (heads included) itself
     image_size = image_size or (found["image_size"],) * 2
     classes = found["classes"]
-    build = dict(architecture, input_shape=(*image_size, 3), classifier=found["classifier"],
-                 classifier_activation=None, include_top=classes is not None, classes=classes or 1000,
-                 representation_size=found["representation_size"],
-                 pooling=None if classes else ("token" if found["classifier"] == "token" else "avg"),
-                 include_preprocessing=layout is None, **found["options"],
-                 **(torch_layout.NUMERICS[layout] if layout else {}))
-    model = models.VisionTransformer(variant, weights=checkpoint, **build)
+    model = models.VisionTransformer(
+        variant, weights=checkpoint, num_heads=num_heads, input_shape=(*image_size, 3), classifier_activation=None,
+        include_top=classes is not None, classes=classes or 1000, representation_size=found["representation_size"],
+        pooling=None if classes else {"gap": "avg"}.get(found["classifier"], found["classifier"]),
+        include_preprocessing=layout is None, layer_norm_epsilon=layer_norm_epsilon,
+        gelu_approximate=gelu_approximate, activation=activation)
     if output.endswith(".keras"):
         model.save(output)
         converted = keras.saving.load_model(output)
     else:
         model.save_weights(output)
-        converted = models.VisionTransformer(variant, weights=output, **build)
+        converted = models.ViTModel.from_config(model.get_config())
+        converted.load_weights(output)
     low, high = (0.0, 255.0) if layout is None else (-1.0, 1.0)
     images = np.random.default_rng(0).uniform(low, high, (2, *image_size, 3)).astype("float32")
     difference = np.abs(np.asarray(converted(images), np.float64) - np.asarray(model(images), np.float64)).max()

@@ -24,35 +24,48 @@ class TokenGrid(keras.layers.Layer):
 
     Args:
         num_prefix_tokens: int. Tokens before the patch grid (class token, registers).
-        grid_size: (int, int). Rows and columns of the patch grid.
+        grid_size: (int, int). Rows and columns of the patch grid; `None` with `patch_stride`.
         output: `"nhwc"` or `"tokens"`. Defaults to `"nhwc"`.
+        patch_stride: optional (int, int). For a model of any input size: the grid is that of the images given
+            to `call`, (height / stride, width / stride). Give this or `grid_size`.
+
+    Call arguments:
+        tokens: (batch, num_prefix_tokens + rows * columns, D).
+        images: with `patch_stride`, the (batch, height, width, channels) images the tokens come from.
     """
 
-    def __init__(self, num_prefix_tokens: int, grid_size: Sequence[int], output: str = "nhwc", **kwargs):
+    def __init__(self, num_prefix_tokens: int, grid_size: Sequence[int] | None = None, output: str = "nhwc",
+                 patch_stride: Sequence[int] | None = None, **kwargs):
         super().__init__(**kwargs)
         if output not in OUTPUTS:
             raise ValueError(f"Unknown output {output!r}. Expected one of {OUTPUTS}.")
+        if (grid_size is None) == (patch_stride is None):
+            raise ValueError(f"TokenGrid needs exactly one of `grid_size` (a fixed grid) or `patch_stride` (the grid "
+                             f"of the images). Received: grid_size={grid_size!r}, patch_stride={patch_stride!r}")
         self.num_prefix_tokens = num_prefix_tokens
-        self.grid_size = tuple(grid_size)
+        self.grid_size = None if grid_size is None else tuple(grid_size)
         self.output_format = output
+        self.patch_stride = None if patch_stride is None else tuple(patch_stride)
 
-    def call(self, tokens):
+    def call(self, tokens, images=None):
         prefix, patches = tokens[:, :self.num_prefix_tokens], tokens[:, self.num_prefix_tokens:]
         if self.output_format == "nhwc":
-            patches = ops.reshape(patches, (-1, *self.grid_size, tokens.shape[-1]))
+            grid = self.grid_size or vit_layers.patch_grid(images, self.patch_stride, unit="patch stride")
+            patches = ops.reshape(patches, (-1, *grid, tokens.shape[-1]))
         return prefix, patches
 
-    def compute_output_spec(self, tokens):
+    def compute_output_spec(self, tokens, images=None):
         batch, width = tokens.shape[0], tokens.shape[-1]
-        rows, columns = self.grid_size
-        patches = (batch, rows, columns, width) if self.output_format == "nhwc" else (batch, rows * columns, width)
+        rows, columns = self.grid_size or (None, None)
+        grid = None if self.grid_size is None else rows * columns
+        patches = (batch, rows, columns, width) if self.output_format == "nhwc" else (batch, grid, width)
         return (keras.KerasTensor((batch, self.num_prefix_tokens, width), dtype=tokens.dtype),
                 keras.KerasTensor(patches, dtype=tokens.dtype))
 
     def get_config(self):
         config = super().get_config()
         config.update({"num_prefix_tokens": self.num_prefix_tokens, "grid_size": self.grid_size,
-                       "output": self.output_format})
+                       "output": self.output_format, "patch_stride": self.patch_stride})
         return config
 
 
@@ -85,13 +98,21 @@ def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, o
     if norm and "encoder_norm" not in layer_names:
         raise ValueError(f"norm=True needs the model's final norm 'encoder_norm', which model {model.name!r} "
                          "does not have (fc_norm=True models normalize after pooling).")
-    grid = model.get_layer("posembed_input").grid_size
+    position = model.get_layer("posembed_input")
+    grid, stride = position.grid_size, position.patch_stride
+    # Tokens before the grid: the class, distillation and register tokens, as the model's layers insert them.
+    prefix = sum(layer.num_tokens if isinstance(layer, vit_layers.RegisterTokens) else 1 for layer in model.layers
+                 if isinstance(layer, (vit_layers.ClassToken, vit_layers.RegisterTokens)))
     outputs = {}
     for index in chosen:
         tokens = block_layers[index].output
         if norm:
             tokens = model.get_layer("encoder_norm")(tokens)
-        splitter = TokenGrid(tokens.shape[1] - grid[0] * grid[1], grid, output, name=f"grid_{index}")
-        outputs[f"block_{index}_prefix"], outputs[f"block_{index}"] = splitter(tokens)
+        if stride is None:
+            splits = TokenGrid(prefix, grid, output, name=f"grid_{index}")(tokens)
+        else:  # any input size: the grid of each image
+            splitter = TokenGrid(prefix, output=output, patch_stride=stride, name=f"grid_{index}")
+            splits = splitter(tokens, model.inputs[0])
+        outputs[f"block_{index}_prefix"], outputs[f"block_{index}"] = splits
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
     return keras.Model(inputs, outputs, name=f"{model.name}_features")

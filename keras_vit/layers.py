@@ -39,33 +39,40 @@ def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
+def patch_grid(images, patch_size: tuple[int, int], unit: str = "patch size"):
+    """(rows, columns) of the patch grid of (B, H, W, ...) `images`: ints where H and W are static, else (a
+    TensorFlow graph of any image size) scalar tensors. H and W must be multiples of the patch size
+    (`kernels.exact_quotient`: a ValueError, or an InvalidArgumentError at run time); `unit` names it in the message.
+    """
+    return tuple(kernels.exact_quotient(
+        images.shape[axis] if images.shape[axis] is not None else ops.shape(images)[axis], patch,
+        f"Image {side} {{}} is not divisible by the {unit} {patch}. Expected a multiple of {patch}.")
+        for axis, side, patch in ((1, "height", patch_size[0]), (2, "width", patch_size[1])))
+
+
 def extract_patches(images, patch_size: tuple[int, int]):
     """(B, H, W, C) -> (B, H/ph * W/pw, ph * pw * C), patches in row-major order.
 
     Each patch is flattened in (row, column, channel) order: the order of a Conv2D
     kernel of shape (ph, pw, C, D) reshaped to (ph * pw * C, D).
     """
-    ph, pw = patch_size
-    _, height, width, channels = images.shape
-    gh, gw = height // ph, width // pw
+    (ph, pw), channels = patch_size, images.shape[-1]
+    gh, gw = patch_grid(images, patch_size)
     x = ops.reshape(images, (-1, gh, ph, gw, pw, channels))
     x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
     return ops.reshape(x, (-1, gh * gw, ph * pw * channels))
 
 
-def _check_divisible(shape, patch_size: tuple[int, int], layer_name: str) -> tuple[int, int]:
-    """Returns the patch grid of a (B, H, W, C) shape, or raises a ValueError."""
+def _check_divisible(shape, patch_size: tuple[int, int], layer_name: str) -> tuple[int | None, int | None]:
+    """Returns the patch grid of a (B, H, W, C) shape (None for a side of any size), or raises a ValueError."""
     if len(shape) != 4:
         raise ValueError(f"{layer_name} expects images of shape (batch, height, width, channels). "
                          f"Received shape: {tuple(shape)}")
-    height, width = shape[1], shape[2]
-    if height is None or width is None:
-        raise ValueError(f"{layer_name} needs a static image height and width. Received shape: {tuple(shape)}")
-    for size, patch, axis in ((height, patch_size[0], "height"), (width, patch_size[1], "width")):
-        if size % patch:
+    for size, patch, axis in ((shape[1], patch_size[0], "height"), (shape[2], patch_size[1], "width")):
+        if size is not None and size % patch:
             raise ValueError(f"Image {axis} {size} is not divisible by the patch size {patch}. "
                              f"Expected a multiple of {patch}.")
-    return height // patch_size[0], width // patch_size[1]
+    return tuple(None if size is None else size // patch for size, patch in zip(shape[1:3], patch_size))
 
 
 @_register
@@ -96,7 +103,7 @@ class Patches(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         gh, gw = _check_divisible(input_shape, self.patch_size, "Patches")
         ph, pw = self.patch_size
-        return (input_shape[0], gh * gw, ph * pw * input_shape[3])
+        return (input_shape[0], None if gh is None or gw is None else gh * gw, ph * pw * input_shape[3])
 
     def get_config(self):
         config = super().get_config()
@@ -118,19 +125,22 @@ class PatchEncoder(keras.layers.Layer):
         patch_size: int or (int, int). Patch height and width.
         kernel_initializer: initializer of the kernel. Defaults to `"lecun_normal"` (Flax's default).
         bias_initializer: initializer of the bias. Defaults to `"zeros"`.
+        use_bias: bool. Add the bias (`False`: CLIP's projection, which has none). Defaults to `True`.
 
     Call arguments:
-        images: (batch, height, width, channels).
+        images: (batch, height, width, channels); height and width multiples of the patch size, static or
+            known only at run time.
 
     Returns:
         (batch, num_patches, hidden_dim).
     """
 
-    def __init__(self, hidden_dim: int, patch_size: int | Sequence[int],
-                 kernel_initializer="lecun_normal", bias_initializer="zeros", **kwargs):
+    def __init__(self, hidden_dim: int, patch_size: int | Sequence[int], kernel_initializer="lecun_normal",
+                 bias_initializer="zeros", use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.hidden_dim = hidden_dim
         self.patch_size = _pair(patch_size, "patch_size")
+        self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
 
@@ -139,22 +149,24 @@ class PatchEncoder(keras.layers.Layer):
         channels = input_shape[-1]
         self.kernel = self.add_weight(name="kernel", shape=(*self.patch_size, channels, self.hidden_dim),
                                       initializer=self.kernel_initializer)
-        self.bias = self.add_weight(name="bias", shape=(self.hidden_dim,), initializer=self.bias_initializer)
+        self.bias = self.add_weight(name="bias", shape=(self.hidden_dim,), initializer=self.bias_initializer) \
+            if self.use_bias else None
 
     def call(self, images):
         patches = extract_patches(images, self.patch_size)
-        kernel = ops.reshape(self.kernel, (-1, self.hidden_dim))
-        return ops.matmul(patches, kernel) + self.bias
+        tokens = ops.matmul(patches, ops.reshape(self.kernel, (-1, self.hidden_dim)))
+        return tokens + self.bias if self.use_bias else tokens
 
     def compute_output_shape(self, input_shape):
         gh, gw = _check_divisible(input_shape, self.patch_size, "PatchEncoder")
-        return (input_shape[0], gh * gw, self.hidden_dim)
+        return (input_shape[0], None if gh is None or gw is None else gh * gw, self.hidden_dim)
 
     def get_config(self):
         config = super().get_config()
         config.update({
             "hidden_dim": self.hidden_dim,
             "patch_size": self.patch_size,
+            "use_bias": self.use_bias,
             "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
         })
@@ -270,6 +282,33 @@ def sincos_2d_position_embedding(grid_size: tuple[int, int], width: int,
     return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype("float32")
 
 
+def zoom_axis(x, axis: int, size):
+    """`x` resized along `axis` to `size` entries by corner-aligned linear interpolation: `keras.ops` twin of
+    `checkpoints.npz._zoom_axis` (`scipy.ndimage.zoom`, order 1). `size` may be a scalar tensor.
+
+    Output index o samples input coordinate o * (n - 1) / (size - 1) (0 when size is 1); the coordinate's
+    integer part and fraction are computed in integers, so the only rounding is the fraction's and the blend's.
+    """
+    length = x.shape[axis]
+    scaled = ops.arange(size) * (length - 1)  # o * (n - 1), over the denominator below
+    denominator = ops.maximum(size - 1, 1)
+    low = scaled // denominator
+    high = ops.minimum(low + 1, length - 1)
+    fraction = ops.cast(scaled - low * denominator, x.dtype) / ops.cast(denominator, x.dtype)
+    fraction = ops.reshape(fraction, [-1 if i == axis else 1 for i in range(len(x.shape))])
+    return ops.take(x, low, axis=axis) * (1.0 - fraction) + ops.take(x, high, axis=axis) * fraction
+
+
+def sincos_2d_grid(grid_size, width: int, temperature: float = 10_000.0):
+    """`sincos_2d_position_embedding` in `keras.ops` (float32), for a grid whose sides may be scalar tensors."""
+    rows, columns = grid_size
+    quarter = width // 4
+    omega = ops.convert_to_tensor(1.0 / temperature ** (np.arange(quarter) / max(quarter - 1, 1)), "float32")
+    y, x = ops.meshgrid(ops.arange(rows, dtype="float32"), ops.arange(columns, dtype="float32"), indexing="ij")
+    y, x = ops.reshape(y, (-1, 1)) * omega, ops.reshape(x, (-1, 1)) * omega
+    return ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=1)
+
+
 @_register
 class PositionEmbedding(keras.layers.Layer):
     """Adds position embeddings to a token sequence (prefix tokens first, then the patch grid).
@@ -277,19 +316,32 @@ class PositionEmbedding(keras.layers.Layer):
     The original ViT adds its embedding *after* the class token is prepended, so the
     learned table has a row for each prefix token (paper Eq. 1).
 
+    With `patch_stride`, the layer serves a model that takes images of any size: `call` is given the images
+    too, and the table stored for `grid_size` is fitted to their grid (height / stride, width / stride) as
+    the original loader fits a checkpoint to a new resolution (`checkpoints.npz.resample_position_embedding`):
+    `"learned"` grid rows resampled bilinearly (corner-aligned, `scipy.ndimage.zoom` order 1; prefix rows kept),
+    `"learned_2d"` row and column embeddings resampled the same way (the same as resampling their 2-D
+    table), `"sincos_2d"` recomputed for the grid. On the stored grid the table is used as it is.
+
     Args:
-        grid_size: (int, int). Patch grid (rows, columns) of the sequence.
+        grid_size: (int, int). Patch grid (rows, columns) of the sequence; with `patch_stride`, the grid the
+            table is stored for (the checkpoint's).
         num_prefix_tokens: int. Tokens before the grid (1 with a class token). Defaults to `1`.
         kind: str. `"learned"` (one learned row per token; weight `pos_embedding`,
             the checkpoints' layout), `"learned_2d"` (learned row and column
             embeddings of width D/2, concatenated; paper App. D.4), `"sincos_2d"` (fixed
             sine-cosine, zero for prefix tokens) or `"none"`. Defaults to `"learned"`.
+        patch_stride: optional int or (int, int). Pixels per patch of the images given to `call` (the
+            model's total stride). Defaults to `None`: the tokens are always on `grid_size`.
 
     Call arguments:
         tokens: (batch, num_prefix_tokens + rows * columns, hidden_dim).
+        images: with `patch_stride`, the (batch, height, width, channels) images the tokens come from, height
+            and width multiples of the stride. Defaults to `None`: the tokens are on `grid_size`.
     """
 
-    def __init__(self, grid_size: Sequence[int], num_prefix_tokens: int = 1, kind: str = "learned", **kwargs):
+    def __init__(self, grid_size: Sequence[int], num_prefix_tokens: int = 1, kind: str = "learned",
+                 patch_stride: int | Sequence[int] | None = None, **kwargs):
         super().__init__(**kwargs)
         if kind not in POSITION_EMBEDDINGS:
             raise ValueError(f"Unknown position embedding {kind!r}. Expected one of {POSITION_EMBEDDINGS}.")
@@ -298,6 +350,7 @@ class PositionEmbedding(keras.layers.Layer):
         self.grid_size = _pair(grid_size, "grid_size")
         self.num_prefix_tokens = num_prefix_tokens
         self.kind = kind
+        self.patch_stride = None if patch_stride is None else _pair(patch_stride, "patch_stride")
 
     @property
     def num_tokens(self) -> int:
@@ -328,27 +381,45 @@ class PositionEmbedding(keras.layers.Layer):
             prefix = np.zeros((self.num_prefix_tokens, width), "float32")
             self.sincos_table = np.concatenate([prefix, grid])[None]
 
-    def embedding(self):
-        """The (1, num_tokens, hidden_dim) table added to the tokens, or None for `"none"`."""
+    def embedding(self, grid_size=None):
+        """The (1, num_prefix_tokens + rows * columns, hidden_dim) table added to tokens on the grid `grid_size`
+        ((rows, columns), ints or scalar tensors; defaults to the stored grid), or None for `"none"`."""
+        rows, columns = grid = self.grid_size if grid_size is None else tuple(grid_size)
+        stored = all(isinstance(side, int) for side in grid) and grid == self.grid_size
         if self.kind == "learned":
-            return self.pos_embedding
+            if stored:
+                return self.pos_embedding
+            prefix = self.pos_embedding[:, :self.num_prefix_tokens]
+            table = ops.reshape(self.pos_embedding[0, self.num_prefix_tokens:], (*self.grid_size, -1))
+            table = zoom_axis(zoom_axis(table, 0, rows), 1, columns)
+            return ops.concatenate([prefix, ops.reshape(table, (1, -1, table.shape[-1]))], axis=1)
         if self.kind == "sincos_2d":
-            return ops.convert_to_tensor(self.sincos_table)
+            if stored:
+                return ops.convert_to_tensor(self.sincos_table)
+            width = self.sincos_table.shape[-1]
+            table = sincos_2d_grid(grid, width)
+            return ops.concatenate([ops.zeros((self.num_prefix_tokens, width)), table], axis=0)[None]
         if self.kind == "learned_2d":
-            (rows, columns), half = self.grid_size, self.row_embedding.shape[-1]
-            row = ops.broadcast_to(self.row_embedding[:, None, :], (rows, columns, half))
-            column = ops.broadcast_to(self.column_embedding[None, :, :], (rows, columns, half))
-            grid = ops.reshape(ops.concatenate([row, column], axis=-1), (rows * columns, 2 * half))
+            row_embedding = self.row_embedding if stored else zoom_axis(self.row_embedding, 0, rows)
+            column_embedding = self.column_embedding if stored else zoom_axis(self.column_embedding, 0, columns)
+            half = row_embedding.shape[-1]
+            row = ops.broadcast_to(row_embedding[:, None, :], (rows, columns, half))
+            column = ops.broadcast_to(column_embedding[None, :, :], (rows, columns, half))
+            table = ops.reshape(ops.concatenate([row, column], axis=-1), (-1, 2 * half))
             if self.num_prefix_tokens:
-                grid = ops.concatenate([self.prefix_embedding, grid], axis=0)
-            return grid[None]
+                table = ops.concatenate([self.prefix_embedding, table], axis=0)
+            return table[None]
         return None
 
-    def call(self, tokens):
-        table = self.embedding()
-        if table is None:
-            return tokens
-        return tokens + ops.cast(table, tokens.dtype)
+    def call(self, tokens, images=None):
+        grid = None
+        if images is not None:
+            if self.patch_stride is None:
+                raise ValueError("PositionEmbedding was given images but has no `patch_stride` to find their patch "
+                                 "grid. Build it with patch_stride=<the model's stride>.")
+            grid = patch_grid(images, self.patch_stride, unit="patch stride")
+        table = self.embedding(grid)
+        return tokens if table is None else tokens + ops.cast(table, tokens.dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -356,7 +427,7 @@ class PositionEmbedding(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"grid_size": self.grid_size, "num_prefix_tokens": self.num_prefix_tokens,
-                       "kind": self.kind})
+                       "kind": self.kind, "patch_stride": self.patch_stride})
         return config
 
 
@@ -481,9 +552,11 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
 
     Call arguments:
         x: (batch, tokens, hidden_dim).
+        context: optional (batch, context_tokens, hidden_dim): the keys and values come from it instead of x
+            (cross-attention: the probe of `MAPHead`).
         training: bool. Attention dropout on when True.
         return_attention_scores: bool. Also return the attention weights A, (batch, heads,
-            tokens, tokens).
+            tokens, context_tokens).
     """
 
     def __init__(self, num_heads: int, dropout_rate: float = 0.0, kernel_initializer="glorot_uniform",
@@ -523,23 +596,23 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         same values at every call, which would start the query, key and value kernels equal."""
         return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
 
-    def call(self, x, training=None, return_attention_scores=False):
-        qkv = self._project_qkv(x)  # (batch, tokens, 3, heads, head_dim)
+    def call(self, x, context=None, training=None, return_attention_scores=False):
+        # unstack, not qkv[i]: its gradient is one stack, where strided slices each scatter into a zero-filled copy
+        # of the whole tensor.
+        query, key, value = ops.unstack(self._project_qkv(x), 3, axis=2) if context is None else (
+            self.query_dense(x), self.key_dense(context), self.value_dense(context))  # (batch, tokens, heads, hd)
         scale = 1.0 / math.sqrt(x.shape[-1] // self.num_heads)
         dropout_active = training and self.dropout_rate > 0
         if not return_attention_scores and not dropout_active and kernels.fused_attention_pays(training):
-            query, key, value = ops.unstack(qkv, 3, axis=2)  # (batch, tokens, heads, head_dim)
-            context = kernels.fused_attention(self.query_norm(query), self.key_norm(key), value, scale)  # as below
+            attended = kernels.fused_attention(self.query_norm(query), self.key_norm(key), value, scale)  # as below
         else:
-            # unstack, not qkv[i]: its gradient is one stack, where strided slices each scatter into a zero-filled
-            # copy of the whole tensor.
-            query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), 3)  # (batch, heads, tokens, ...)
+            query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))  # (batch, heads, ...)
             query, key = self.query_norm(query), self.key_norm(key)
             logits = kernels.batch_matmul(query * ops.cast(scale, query.dtype), key, transpose_b=True)
             scores = ops.softmax(logits, axis=-1)  # in the compute dtype, as the original
-            context = ops.transpose(kernels.batch_matmul(self.dropout(scores, training=training), value),
-                                    (0, 2, 1, 3))
-        out = self.output_dense(context)
+            attended = ops.transpose(kernels.batch_matmul(self.dropout(scores, training=training), value),
+                                     (0, 2, 1, 3))
+        out = self.output_dense(attended)
         return (out, scores) if return_attention_scores else out
 
     def _project_qkv(self, x):
@@ -558,12 +631,12 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_scores=False):
+    def compute_output_spec(self, x, context=None, training=None, return_attention_scores=False):
         output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
             return output
-        return output, keras.KerasTensor((x.shape[0], self.num_heads, x.shape[1], x.shape[1]),
-                                         dtype=self.compute_dtype)
+        keys = x.shape[1] if context is None else context.shape[1]
+        return output, keras.KerasTensor((x.shape[0], self.num_heads, x.shape[1], keys), dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
@@ -776,4 +849,63 @@ class TokenPooling(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"method": self.method, "num_prefix_tokens": self.num_prefix_tokens})
+        return config
+
+
+@_register
+class MAPHead(keras.layers.Layer):
+    """Multihead attention pooling (big_vision's `MAPHead`; SigLIP, timm's `global_pool='map'`): a learned probe
+    attends over the tokens, then a residual MLP:
+
+        x = MHA(probe, tokens)              (batch, 1, D)
+        out = (x + MLP(LN(x)))[:, 0]        (batch, D)
+
+    Sublayers carry big_vision's names: `probe`, `MultiHeadDotProductAttention_0`, `LayerNorm_0`, `MlpBlock_0`.
+
+    Args:
+        num_heads: int. Attention heads (the encoder's).
+        mlp_dim: int. MLP hidden width (the encoder's).
+        layer_norm_epsilon: float. Defaults to `1e-6`.
+        gelu_approximate: bool. The MLP's GELU (`MlpBlock`). Defaults to `True`.
+        activation: the MLP's `"gelu"` or `"quick_gelu"`. Defaults to `"gelu"`.
+
+    Call arguments:
+        tokens: (batch, tokens, D).
+    """
+
+    def __init__(self, num_heads: int, mlp_dim: int, layer_norm_epsilon: float = LAYER_NORM_EPSILON,
+                 gelu_approximate: bool = True, activation: str = "gelu", **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.gelu_approximate = gelu_approximate
+        self.activation = activation
+
+    def build(self, input_shape):
+        width, policy = input_shape[-1], self.dtype_policy
+        self.probe = self.add_weight(name="probe", shape=(1, 1, width), initializer="glorot_uniform")
+        self.attention = MultiHeadDotProductAttention(self.num_heads, name="MultiHeadDotProductAttention_0",
+                                                      dtype=policy)
+        self.norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
+        self.mlp = MlpBlock(self.mlp_dim, gelu_approximate=self.gelu_approximate, activation=self.activation,
+                            name="MlpBlock_0", dtype=policy)
+        probe_shape = (input_shape[0], 1, width)
+        self.attention.build(probe_shape)
+        self.norm.build(probe_shape)
+        self.mlp.build(probe_shape)
+
+    def call(self, tokens):
+        probe = ops.broadcast_to(ops.cast(self.probe, tokens.dtype), (ops.shape(tokens)[0], 1, tokens.shape[-1]))
+        x = self.attention(probe, context=tokens)
+        return (x + self.mlp(self.norm(x)))[:, 0]
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
+                       "layer_norm_epsilon": self.layer_norm_epsilon, "gelu_approximate": self.gelu_approximate,
+                       "activation": self.activation})
         return config

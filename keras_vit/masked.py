@@ -128,7 +128,7 @@ class PatchCorruption(keras.layers.Layer):
 def _patch_grid(images, patch_size: int | Sequence[int]):
     """(batch, H, W, C) -> (batch, num_patches, ph, pw, C), patches in row-major grid order."""
     patch_size = vit_layers._pair(patch_size, "patch_size")
-    rows, columns = vit_layers._check_divisible(images.shape, patch_size, "patch_targets")
+    rows, columns = vit_layers.patch_grid(images, patch_size)
     patches = vit_layers.extract_patches(images, patch_size)  # Flattened in (row, column, channel) order.
     return ops.reshape(patches, (-1, rows * columns, *patch_size, images.shape[-1]))
 

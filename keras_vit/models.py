@@ -18,9 +18,11 @@ from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit import variants
 from keras_vit.checkpoints import loader as checkpoint_loader
+from keras_vit.checkpoints import torch_layout
 from keras_vit.checkpoints.architecture import ARCHITECTURE_ARGUMENTS, checkpoint_shapes, read_architecture
 
-CLASSIFIERS = ("token", "gap")
+CLASSIFIERS = ("token", "gap", "map")
+POOLINGS = (*vit_layers.POOLINGS, "map")
 
 BASE_DOCSTRING = """Builds {paper_name} (arXiv:2010.11929), keras.applications style.
 
@@ -38,20 +40,25 @@ Args:
         (1000 for `"imagenet"`), as in `keras.applications`; to fine-tune, build with
         `include_top=False` and add a head. Defaults to `"imagenet"`.
     input_tensor: optional Keras tensor to use as the image input.
-    input_shape: (height, width, channels); height and width divisible by {stride}.
-        Defaults to `(224, 224, 3)`.
+    input_shape: (height, width, channels); height and width divisible by {stride}, or
+        `(None, None, channels)` for any size at run time (multiples of {stride}): the position
+        embedding, stored at the checkpoint's grid, is fitted to each image's grid inside the
+        model, as the loader resamples it. Defaults to `(224, 224, 3)`.
     pooling: with `include_top=False`: `None` returns the token sequence
-        (batch, tokens, {hidden_dim}) after the final norm; `"token"` (class token) or `"avg"`
-        (mean of all tokens) return a vector. Ignored with `include_top=True`. `pooling="avg"` is
-        the same operation as `classifier="gap"`: `classifier` says how the model was trained
-        (with or without a class token), `pooling` what a backbone returns.
+        (batch, tokens, {hidden_dim}) after the final norm; `"token"` (class token), `"avg"`
+        (mean of all tokens) or `"map"` (the attention-pooling head of `classifier="map"`) return a
+        vector. Ignored with `include_top=True`. `pooling="avg"` is the same operation as
+        `classifier="gap"`: `classifier` says how the model was trained (with or without a class
+        token), `pooling` what a backbone returns.
     classes: int. Number of classes of the head. Defaults to `1000`.
     classifier_activation: str or callable for the head's output, `None` for logits.
         Defaults to `"softmax"`.
     include_preprocessing: bool. `True`: the model takes raw pixels in [0, 255] and
         maps them to [-1, 1] inside; `False`: it takes [-1, 1]. Defaults to `True`.
-    classifier: `"token"` (class token, the paper's default) or `"gap"` (global average
-        pooling, no class token). Defaults to `"token"`.
+    classifier: `"token"` (class token, the paper's default), `"gap"` (global average
+        pooling, no class token) or `"map"` (no class token; multihead attention pooling, `MAPHead`:
+        SigLIP, big_vision). Defaults to `"token"` (in `VisionTransformer`: that of `weights=` a checkpoint
+        file, else `"token"`).
     representation_size: optional int. Width of a `pre_logits` Dense + tanh layer before the
         head (the ImageNet-21k pre-training head). Defaults to `None`: no such layer, except
         that pretrained weights whose head is loaded (`include_top=True` and the checkpoint's
@@ -62,7 +69,8 @@ Args:
     attention_dropout_rate: float. Dropout on attention weights.
     drop_path_rate: float. Stochastic depth, rising linearly from 0 to this rate over the blocks.
     Options of the ViT family (DeiT-III, DINOv2, CLIP; timm's names in brackets):
-    activation: `"gelu"` (as `gelu_approximate` says) or `"quick_gelu"` (OpenAI CLIP). Defaults to `"gelu"`.
+    activation: optional `"gelu"` (as `gelu_approximate` says) or `"quick_gelu"` (OpenAI CLIP). Defaults to
+        `None`: as `layer_norm_epsilon`, the checkpoint's, else `"gelu"`.
     layer_scale_init: optional float. Per-channel learned scales of every residual branch, starting at
         this value (`init_values`). Defaults to `None`: none.
     qk_norm: bool. LayerNorm each head's q and k (`qk_norm`). Defaults to `False`.
@@ -72,6 +80,7 @@ Args:
         after it is added (`no_embed_class`: DeiT-III). Defaults to `False`.
     norm_pre: bool. A LayerNorm after the embedding, before the blocks (`norm_pre`: CLIP). Defaults to
         `False`.
+    patch_bias: bool. The patch embedding has a bias (`False`: CLIP's has none). Defaults to `True`.
     fc_norm: bool. Instead of the final norm of every token, a LayerNorm after the average of the patch
         tokens, which the head then pools (`global_pool="avg", fc_norm=True`). Defaults to `False`.
     distillation_token: bool. DeiT's distillation token after the class token, with a position; the head is
@@ -80,12 +89,14 @@ Args:
     remat: bool. Rematerialize each encoder block in training (gradient checkpointing): activation
         memory of one block instead of all, for about a third more compute. Needs `dropout_rate`,
         `attention_dropout_rate` and `drop_path_rate` at 0. Defaults to `False`.
-    layer_norm_epsilon: optional float. Epsilon of every LayerNorm. Defaults to `None`: the
-        checkpoint's for a timm (1e-6) or Hugging Face (1e-12) `.safetensors` file, else the
-        original's 1e-6. A value that contradicts such a checkpoint is an error.
-    gelu_approximate: optional bool. `True`: tanh-approximate GELU (the original's); `False`:
-        exact erf GELU (timm's and Hugging Face's). Defaults to `None`: `False` for a timm or
-        Hugging Face `.safetensors` file, else `True`. A contradicting value is an error.
+    layer_norm_epsilon: optional float. Epsilon of every LayerNorm. Defaults to `None`: for a
+        `.safetensors` file, that of the Hugging Face `config.json` beside it, else the layout's default
+        (timm 1e-6; Hugging Face ViT / DeiT 1e-12, DINOv2 1e-6, CLIP 1e-5, SigLIP 1e-6); else the
+        original's 1e-6. The files do not store it: give it for a timm CLIP (1e-5). A value that
+        contradicts a `config.json` is an error.
+    gelu_approximate: optional bool. `True`: tanh-approximate GELU (the original's, SigLIP's);
+        `False`: exact erf GELU (timm's and Hugging Face's). Defaults to `None`: as
+        `layer_norm_epsilon` (`True` for `.npz` files).
     name: str. Model name. Defaults to `"{model_name}"`.
 
 Returns:
@@ -172,13 +183,16 @@ def _validate(*, include_top, pooling, classes, classifier, position_embedding, 
     if position_embedding not in vit_layers.POSITION_EMBEDDINGS:
         raise ValueError(f"Unknown position_embedding {position_embedding!r}. "
                          f"Expected one of {vit_layers.POSITION_EMBEDDINGS}.")
-    if pooling is not None and pooling not in vit_layers.POOLINGS:
+    if pooling is not None and pooling not in POOLINGS:
         hint = " (global average pooling is spelled pooling='avg' here, classifier='gap' in the model)" \
             if pooling == "gap" else ""
-        raise ValueError(f"Unknown pooling {pooling!r}. Expected None or one of {vit_layers.POOLINGS}{hint}.")
-    if pooling == "token" and classifier == "gap" and not include_top:
-        raise ValueError("pooling='token' needs a class token, but classifier='gap' has none. "
+        raise ValueError(f"Unknown pooling {pooling!r}. Expected None or one of {POOLINGS}{hint}.")
+    if pooling == "token" and classifier != "token" and not include_top:
+        raise ValueError(f"pooling='token' needs a class token, but classifier={classifier!r} has none. "
                          "Use pooling='avg' or classifier='token'.")
+    if pooling == "map" and classifier != "map" and not include_top:
+        raise ValueError(f"pooling='map' is the attention-pooling head of classifier='map'. Received: "
+                         f"classifier={classifier!r}; use pooling='token' or 'avg', or classifier='map'.")
     if not isinstance(classes, int) or classes < 1:
         raise ValueError(f"`classes` must be a positive int. Received: classes={classes!r}")
     if weights_source is not None and include_top and classifier_activation not in (None, "softmax"):
@@ -187,7 +201,7 @@ def _validate(*, include_top, pooling, classes, classifier, position_embedding, 
 
 
 def _image_input(input_tensor, input_shape, stride: int, pretrained: bool):
-    """Returns the model's image input tensor after checking its shape."""
+    """Returns the model's image input tensor after checking its shape (a `None` height or width: any size)."""
     if input_tensor is not None:
         image = input_tensor if keras.backend.is_keras_tensor(input_tensor) else keras.Input(tensor=input_tensor)
         shape = tuple(image.shape[1:])
@@ -197,14 +211,11 @@ def _image_input(input_tensor, input_shape, stride: int, pretrained: bool):
     if len(shape) != 3:
         raise ValueError(f"`input_shape` must be (height, width, channels). Received: {shape}")
     height, width, channels = shape
-    if height is None or width is None:
-        raise ValueError(f"ViT needs a static height and width to size its position embedding. "
-                         f"Received input shape: {shape}")
     if channels is None or channels < 1 or (pretrained and channels != 3):
         expected = "3 (RGB), as the pretrained weights" if pretrained else "a positive number of"
         raise ValueError(f"Wrong channel count: input has {channels} channels; expected {expected} channels.")
     for size, axis in ((height, "height"), (width, "width")):
-        if size % stride:
+        if size is not None and size % stride:
             raise ValueError(f"Input {axis} {size} is not divisible by the model's patch stride {stride}. "
                              f"Expected a multiple of {stride}, e.g. {max(stride, size // stride * stride)}.")
     return (image if image is not None else keras.Input(shape=shape, name="image")), shape
@@ -227,7 +238,7 @@ def VisionTransformer(
     classes: int = 1000,
     classifier_activation: str | Callable | None = "softmax",
     include_preprocessing: bool = True,
-    classifier: str = "token",
+    classifier: str | None = None,
     representation_size: int | None = None,
     position_embedding: str = "learned",
     dropout_rate: float = 0.0,
@@ -235,7 +246,7 @@ def VisionTransformer(
     drop_path_rate: float = 0.0,
     layer_norm_epsilon: float | None = None,
     gelu_approximate: bool | None = None,
-    activation: str = "gelu",
+    activation: str | None = None,
     layer_scale_init: float | None = None,
     qk_norm: bool = False,
     num_register_tokens: int = 0,
@@ -243,6 +254,7 @@ def VisionTransformer(
     norm_pre: bool = False,
     fc_norm: bool = False,
     distillation_token: bool = False,
+    patch_bias: bool = True,
     remat: bool = False,
     name: str = "vision_transformer",
 ) -> keras.Model:
@@ -263,11 +275,12 @@ def VisionTransformer(
     overrides = dict(patch_size=patch_size, hidden_dim=hidden_dim, mlp_dim=mlp_dim, num_heads=num_heads,
                      num_layers=num_layers, resnet_stages=resnet_stages)
     config.update({key: value for key, value in overrides.items() if value is not None})
-    family = dict(activation=activation, layer_scale_init=layer_scale_init, qk_norm=qk_norm,
+    family = dict(layer_scale_init=layer_scale_init, qk_norm=qk_norm,
                   num_register_tokens=num_register_tokens, no_embed_class=no_embed_class, norm_pre=norm_pre,
-                  fc_norm=fc_norm, distillation_token=distillation_token)
+                  fc_norm=fc_norm, distillation_token=distillation_token, patch_bias=patch_bias)
     if _is_checkpoint_file(weights):
-        config, family = _read_from_file(weights, config, family)
+        config, family, classifier = _read_from_file(weights, config, family, classifier)
+    classifier = classifier or "token"
     if family["distillation_token"] and (classifier != "token" or family["num_register_tokens"]
                                          or family["no_embed_class"] or family["fc_norm"]):
         raise ValueError("distillation_token=True needs classifier='token' and no register tokens, no_embed_class "
@@ -289,13 +302,15 @@ def VisionTransformer(
     if representation_size is None and weights_source is not None:
         # ImageNet-21k checkpoints end in pre_logits (Dense + tanh): build it when their head is used.
         representation_size = weights_source.representation_size
-    numerics = _numerics(weights_source, layer_norm_epsilon=layer_norm_epsilon, gelu_approximate=gelu_approximate)
+    numerics = _numerics(weights_source, layer_norm_epsilon=layer_norm_epsilon, gelu_approximate=gelu_approximate,
+                         activation=activation)
     outputs = _forward(image, config, include_top=include_top, pooling=pooling, classes=classes,
                        classifier_activation=classifier_activation, include_preprocessing=include_preprocessing,
                        classifier=classifier, representation_size=representation_size,
                        position_embedding=position_embedding, dropout_rate=dropout_rate,
                        attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate, remat=remat,
-                       family=family, grid_size=(image_shape[0] // stride, image_shape[1] // stride), **numerics)
+                       family=family, grid_size=_grid_size(image_shape, stride, weights, weights_source, config),
+                       **numerics)
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
     model = ViTModel(inputs, outputs, name=name)
     if weights_source is not None:
@@ -303,40 +318,74 @@ def VisionTransformer(
     return model
 
 
+# The ViT family's options at their defaults (`VisionTransformer`'s): what `weights=` a file may fill in.
+FAMILY_DEFAULTS = dict(layer_scale_init=None, qk_norm=False, num_register_tokens=0,
+                       no_embed_class=False, norm_pre=False, fc_norm=False, distillation_token=False,
+                       patch_bias=True)
+
+
+def _grid_size(image_shape: tuple, stride: int, weights, weights_source, config: dict[str, Any]) -> tuple[int, int]:
+    """The patch grid the position embedding is stored for: the input's; for a model of any input size (a `None`
+    height or width), the checkpoint's, so that its table loads as it is (the default size 224 without one)."""
+    height, width = image_shape[:2]
+    if height is not None and width is not None:
+        return height // stride, width // stride
+    size = 224
+    if _is_checkpoint_file(weights):
+        shapes, _ = checkpoint_shapes(weights)
+        size = read_architecture(shapes, num_heads=config["num_heads"]).get("image_size", size)
+    elif weights_source is not None and weights_source.checkpoint is not None:
+        size = weights_source.checkpoint.image_size
+    return size // stride, size // stride
+
+
 def _is_checkpoint_file(weights) -> bool:
     return isinstance(weights, str) and weights.endswith((".npz", ".safetensors")) and os.path.isfile(weights)
 
 
-def _read_from_file(path: str, config: dict[str, Any], family: dict[str, Any]) -> tuple[dict, dict]:
-    """The architecture arguments not given, and the family options left at their defaults, from the
-    checkpoint's keys and shapes (headers only). The number of heads, which the PyTorch layouts do not
-    store, comes from `config` (or the variant table)."""
+def _read_from_file(path: str, config: dict[str, Any], family: dict[str, Any],
+                    classifier: str | None) -> tuple[dict, dict, str]:
+    """The architecture arguments not given, the family options left at their defaults and the classifier
+    (if None), from the checkpoint's keys and shapes (headers only). The number of heads, which the PyTorch
+    layouts do not store, comes from `config` (or the variant table)."""
     shapes, layout = checkpoint_shapes(path)
-    found = read_architecture(shapes, num_heads=config.get("num_heads"), heads_stored=layout is None)
+    num_heads = config.get("num_heads")
+    hf_config = torch_layout.read_hf_config(path) if layout in torch_layout.HF_LAYOUTS else None
+    if hf_config and "num_heads" in hf_config:
+        if num_heads not in (None, hf_config["num_heads"]):
+            raise ValueError(f"num_heads={num_heads} contradicts the config.json beside {path!r}, whose model has "
+                             f"{hf_config['num_heads']} heads. Leave num_heads=None to take the config's.")
+        num_heads = config["num_heads"] = hf_config["num_heads"]
+    found = read_architecture(shapes, num_heads=num_heads, heads_stored=layout is None)
     config = dict({key: found[key] for key in ARCHITECTURE_ARGUMENTS}, **config)
-    family = {key: value if value not in (None, False, 0) else found["options"].get(key, value)
+    family = {key: found["options"].get(key, value) if value == FAMILY_DEFAULTS[key] else value
               for key, value in family.items()}
-    return config, family
+    return config, family, classifier or found["classifier"]
+
+
+ORIGINAL_NUMERICS = dict(layer_norm_epsilon=vit_layers.LAYER_NORM_EPSILON, gelu_approximate=True, activation="gelu")
 
 
 def _numerics(weights_source, **requested) -> dict[str, Any]:
-    """`layer_norm_epsilon` and `gelu_approximate`: the checkpoint's where it fixes them, else the
-    original's; a requested value (not None) must agree with the checkpoint's."""
+    """`layer_norm_epsilon`, `gelu_approximate` and `activation`: the requested value, else the checkpoint's
+    default (a timm / Hugging Face layout's), else the original's. Where the checkpoint fixes an option (a
+    Hugging Face `config.json`), a requested value must agree with it."""
     fixed = weights_source.numerics if weights_source is not None else {}
-    defaults = dict(layer_norm_epsilon=vit_layers.LAYER_NORM_EPSILON, gelu_approximate=True)
+    defaults = {**ORIGINAL_NUMERICS, **(weights_source.default_numerics if weights_source is not None else {})}
     numerics = {}
     for option, value in requested.items():
         if value is not None and option in fixed and value != fixed[option]:
             raise ValueError(f"{option}={value!r} contradicts the checkpoint {weights_source.location!r}, whose "
-                             f"model uses {option}={fixed[option]!r}. Leave {option}=None to take the checkpoint's.")
-        numerics[option] = fixed.get(option, defaults[option]) if value is None else value
+                             f"model uses {option}={fixed[option]!r} (its config.json). Leave {option}=None to "
+                             "take the checkpoint's.")
+        numerics[option] = value if value is not None else fixed.get(option, defaults[option])
     return numerics
 
 
 def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, classifier_activation,
              include_preprocessing, classifier, representation_size, position_embedding, dropout_rate,
              attention_dropout_rate, drop_path_rate, remat, family, grid_size, layer_norm_epsilon,
-             gelu_approximate):
+             gelu_approximate, activation):
     """The ViT forward pass on a symbolic image tensor, in paper order."""
     x = image
     if include_preprocessing:
@@ -344,7 +393,8 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
         x = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="preprocessing")(x)
     if config.get("resnet_stages"):
         x = resnet.resnet_stem(x, config["resnet_stages"])
-    x = vit_layers.PatchEncoder(config["hidden_dim"], config["patch_size"], name="embedding")(x)
+    x = vit_layers.PatchEncoder(config["hidden_dim"], config["patch_size"], use_bias=family["patch_bias"],
+                                name="embedding")(x)
     distilled = family["distillation_token"]
     prefix = (1 if classifier == "token" else 0) + distilled
     embedded_prefix = 0 if family["no_embed_class"] else prefix  # the prefix tokens the position table covers
@@ -352,7 +402,11 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
         x = vit_layers.ClassToken(name="cls")(x)
     if distilled:  # DeiT: [class, distillation, patches], both with a position
         x = vit_layers.RegisterTokens(1, position=1, name="dist_token")(x)
-    x = vit_layers.PositionEmbedding(grid_size, embedded_prefix, position_embedding, name="posembed_input")(x)
+    if None in image.shape[1:3]:  # any input size: the table is fitted to each image's grid
+        x = vit_layers.PositionEmbedding(grid_size, embedded_prefix, position_embedding, name="posembed_input",
+                                         patch_stride=variants.total_stride(config))(x, image)
+    else:
+        x = vit_layers.PositionEmbedding(grid_size, embedded_prefix, position_embedding, name="posembed_input")(x)
     registers = family["num_register_tokens"]
     if registers:
         x = vit_layers.RegisterTokens(registers, position=embedded_prefix, name="registers")(x)
@@ -366,7 +420,7 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
         rate = drop_path_rate * i / max(num_layers - 1, 1)
         x = vit_layers.TransformerBlock(config["num_heads"], config["mlp_dim"], dropout_rate,
                                         attention_dropout_rate, rate, layer_norm_epsilon=layer_norm_epsilon,
-                                        gelu_approximate=gelu_approximate, activation=family["activation"],
+                                        gelu_approximate=gelu_approximate, activation=activation,
                                         layer_scale_init=family["layer_scale_init"], qk_norm=family["qk_norm"],
                                         remat=remat, name=f"encoderblock_{i}")(x)
     if not family["fc_norm"]:
@@ -374,10 +428,14 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
     if not include_top and pooling is None:
         return x
     tokens = x
-    method = "avg" if family["fc_norm"] else "token" if include_top and prefix else pooling or "avg"
-    # Models of 0.2.0 average every token; with the family's options, the patch tokens only (as timm).
-    skipped = prefix + registers if registers or family["fc_norm"] else 0
-    x = vit_layers.TokenPooling(method, num_prefix_tokens=skipped, name="pool")(x)
+    if classifier == "map" and (include_top or pooling == "map"):
+        x = vit_layers.MAPHead(config["num_heads"], config["mlp_dim"], layer_norm_epsilon, gelu_approximate,
+                               activation, name="MAPHead_0")(x)
+    else:
+        method = "avg" if family["fc_norm"] else "token" if include_top and prefix else pooling or "avg"
+        # Models of 0.2.0 average every token; with the family's options, the patch tokens only (as timm).
+        skipped = prefix + registers if registers or family["fc_norm"] else 0
+        x = vit_layers.TokenPooling(method, num_prefix_tokens=skipped, name="pool")(x)
     if family["fc_norm"]:
         x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="fc_norm")(x)
     if representation_size:

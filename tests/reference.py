@@ -56,21 +56,36 @@ def encoder_block(a, block: str, x, attention_scale=1.0, mlp_scale=1.0, *, eps=1
     where `a` has them; q and k are LayerNormed per head where `a` has `query_norm` / `key_norm`. Returns the
     output and the attention weights."""
     y = layer_norm(x, a[f"{block}/LayerNorm_0/scale"], a[f"{block}/LayerNorm_0/bias"], eps)
-    m = f"{block}/MultiHeadDotProductAttention_1"
-    q, k, v = (np.einsum("btd,dhk->bthk", y, a[f"{m}/{n}/kernel"]) + a[f"{m}/{n}/bias"]
-               for n in ("query", "key", "value"))
+    attended, weights = attention(a, f"{block}/MultiHeadDotProductAttention_1", y, y, eps)
+    x = x + attention_scale * a.get(f"{block}/ls1/scale", 1.0) * attended
+    y = layer_norm(x, a[f"{block}/LayerNorm_2/scale"], a[f"{block}/LayerNorm_2/bias"], eps)
+    return x + mlp_scale * a.get(f"{block}/ls2/scale", 1.0) * mlp(a, f"{block}/MlpBlock_3", y, gelu), weights
+
+
+def attention(a, m, queries, tokens, eps=1e-6):
+    """Multi-head attention `m` of `queries` over `tokens` (q/k LayerNormed per head where `a` has
+    `query_norm` / `key_norm`): (output, attention weights)."""
+    q = np.einsum("btd,dhk->bthk", queries, a[f"{m}/query/kernel"]) + a[f"{m}/query/bias"]
+    k, v = (np.einsum("btd,dhk->bthk", tokens, a[f"{m}/{n}/kernel"]) + a[f"{m}/{n}/bias"] for n in ("key", "value"))
     if f"{m}/query_norm/scale" in a:
         q = layer_norm(q, a[f"{m}/query_norm/scale"], a[f"{m}/query_norm/bias"], eps)
         k = layer_norm(k, a[f"{m}/key_norm/scale"], a[f"{m}/key_norm/bias"], eps)
     weights = softmax(np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1]))
     attended = np.einsum("bhqs,bshk->bqhk", weights, v)
-    attended = np.einsum("bqhk,hkd->bqd", attended, a[f"{m}/out/kernel"]) + a[f"{m}/out/bias"]
-    x = x + attention_scale * a.get(f"{block}/ls1/scale", 1.0) * attended
-    y = layer_norm(x, a[f"{block}/LayerNorm_2/scale"], a[f"{block}/LayerNorm_2/bias"], eps)
-    mlp = f"{block}/MlpBlock_3"
-    y = gelu(y @ a[f"{mlp}/Dense_0/kernel"] + a[f"{mlp}/Dense_0/bias"])
-    y = y @ a[f"{mlp}/Dense_1/kernel"] + a[f"{mlp}/Dense_1/bias"]
-    return x + mlp_scale * a.get(f"{block}/ls2/scale", 1.0) * y, weights
+    return np.einsum("bqhk,hkd->bqd", attended, a[f"{m}/out/kernel"]) + a[f"{m}/out/bias"], weights
+
+
+def mlp(a, m, x, gelu=gelu_tanh):
+    return gelu(x @ a[f"{m}/Dense_0/kernel"] + a[f"{m}/Dense_0/bias"]) @ a[f"{m}/Dense_1/kernel"] \
+        + a[f"{m}/Dense_1/bias"]
+
+
+def map_head(a, x, eps=1e-6, gelu=gelu_tanh):
+    """big_vision's MAPHead (SigLIP): a learned probe attends over the tokens, then y + MLP(LN(y)), row 0."""
+    probe = np.broadcast_to(a["MAPHead_0/probe"], (x.shape[0], 1, x.shape[-1]))
+    y, _ = attention(a, "MAPHead_0/MultiHeadDotProductAttention_0", probe, x, eps)
+    normed = layer_norm(y, a["MAPHead_0/LayerNorm_0/scale"], a["MAPHead_0/LayerNorm_0/bias"], eps)
+    return (y + mlp(a, "MAPHead_0/MlpBlock_0", normed, gelu))[:, 0]
 
 
 def zoom_linear(grid, new_h, new_w):
@@ -156,7 +171,8 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
 
     The ViT family's options, where `arrays` has their weights (timm's semantics): register tokens
     (`registers`, after the class token, no position), `norm_pre/scale`, `fc_norm/scale` (no final
-    norm; the average of the patch tokens, then this norm), layer scale and q/k norms (`encoder_block`);
+    norm; the average of the patch tokens, then this norm), layer scale and q/k norms (`encoder_block`),
+    no patch-embedding bias (CLIP), attention pooling (`MAPHead_0/...`: `map_head`);
     `no_embed_class`: the position embedding covers only the patches, the class token is prepended after.
     `block_outputs`: a list that receives each encoder block's output tokens."""
     a = {key: np.asarray(value, np.float64) for key, value in arrays.items()}
@@ -164,7 +180,7 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     if resnet_stages:
         x = _resnet(a, x, resnet_stages)
     patch = a["embedding/kernel"].shape[0]
-    x = conv(x, a["embedding/kernel"], patch, "VALID") + a["embedding/bias"]
+    x = conv(x, a["embedding/kernel"], patch, "VALID") + a.get("embedding/bias", 0.0)  # CLIP has no bias
     gh, gw = x.shape[1:3]
     x = x.reshape(x.shape[0], gh * gw, -1)
     posemb = a["Transformer/posembed_input/pos_embedding"][0]
@@ -203,7 +219,10 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
         if "head_dist/kernel" in a:  # DeiT's inference: the mean of its two heads
             return (x[:, 0] @ a["head/kernel"] + a["head/bias"] + x[:, 1] @ a["head_dist/kernel"]
                     + a["head_dist/bias"]) / 2
-        x = x[:, 0] if prefix else x[:, 0 if registers is None else registers.shape[1]:].mean(axis=1)
+        if "MAPHead_0/probe" in a:  # attention pooling over every token (SigLIP: there is no class token)
+            x = map_head(a, x, eps, gelu)
+        else:
+            x = x[:, 0] if prefix else x[:, 0 if registers is None else registers.shape[1]:].mean(axis=1)
     if "pre_logits/kernel" in a:
         x = np.tanh(x @ a["pre_logits/kernel"] + a["pre_logits/bias"])
     return x @ a["head/kernel"] + a["head/bias"] if "head/kernel" in a else x
@@ -230,9 +249,28 @@ def released_from_torch(state: dict, num_heads: int) -> dict[str, np.ndarray]:
     timm = "patch_embed.proj.weight" in t
     embed = "patch_embed.proj" if timm else "embeddings.patch_embeddings.projection"
     norm = "norm" if timm else "layernorm"
-    a = {"embedding/kernel": t[embed + ".weight"].transpose(2, 3, 1, 0), "embedding/bias": t[embed + ".bias"],
-         "cls": t["cls_token" if timm else "embeddings.cls_token"],
+    a = {"embedding/kernel": t[embed + ".weight"].transpose(2, 3, 1, 0),
          "Transformer/posembed_input/pos_embedding": t["pos_embed" if timm else "embeddings.position_embeddings"]}
+    for source, released in ((embed + ".bias", "embedding/bias"),  # CLIP's has none
+                             ("cls_token" if timm else "embeddings.cls_token", "cls")):  # SigLIP has none
+        if source in t:
+            a[released] = t[source]
+    if "attn_pool.latent" in t:  # timm's attention pooling (global_pool='map'), as big_vision's MAPHead
+        m, width = "MAPHead_0/MultiHeadDotProductAttention_0", t["attn_pool.latent"].shape[-1]
+        a["MAPHead_0/probe"] = t["attn_pool.latent"]
+        key, value = np.split(t["attn_pool.kv.weight"], 2)
+        key_bias, value_bias = np.split(t["attn_pool.kv.bias"], 2)
+        for name, weight, bias in (("query", t["attn_pool.q.weight"], t["attn_pool.q.bias"]),
+                                   ("key", key, key_bias), ("value", value, value_bias)):
+            a[f"{m}/{name}/kernel"] = weight.T.reshape(width, num_heads, -1)
+            a[f"{m}/{name}/bias"] = bias.reshape(num_heads, -1)
+        a[f"{m}/out/kernel"] = t["attn_pool.proj.weight"].T.reshape(num_heads, -1, width)
+        a[f"{m}/out/bias"] = t["attn_pool.proj.bias"]
+        a["MAPHead_0/LayerNorm_0/scale"], a["MAPHead_0/LayerNorm_0/bias"] = t["attn_pool.norm.weight"], \
+            t["attn_pool.norm.bias"]
+        for fc, dense in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
+            a[f"MAPHead_0/MlpBlock_0/{dense}/kernel"] = t[f"attn_pool.mlp.{fc}.weight"].T
+            a[f"MAPHead_0/MlpBlock_0/{dense}/bias"] = t[f"attn_pool.mlp.{fc}.bias"]
     renamed = {norm: "Transformer/encoder_norm", "norm_pre": "norm_pre", "fc_norm": "fc_norm"}
     for source, released in renamed.items():  # timm's family options: norm_pre (CLIP), fc_norm without `norm`
         if source + ".weight" in t:
@@ -277,10 +315,12 @@ def released_from_torch(state: dict, num_heads: int) -> dict[str, np.ndarray]:
     return a
 
 
-def torch_logits(state: dict, images, num_heads: int, no_embed_class: bool = False) -> np.ndarray:
+def torch_logits(state: dict, images, num_heads: int, no_embed_class: bool = False, eps: float | None = None,
+                 gelu=gelu_erf) -> np.ndarray:
     """The source model's output on NHWC `images` in [-1, 1]: `vit_logits` of `released_from_torch(state)`
-    with its numerics (exact GELU, its epsilon). Logits; without a head, the pooler output or the class token
-    after the norm. `no_embed_class`: timm's option of that name (the file's `pos_embed` has no class row)."""
-    eps = TORCH_EPS["timm" if "patch_embed.proj.weight" in state else "huggingface"]
-    return vit_logits(released_from_torch(state, num_heads), np.asarray(images), eps=eps, gelu=gelu_erf, pixels=False,
+    with its numerics (exact GELU and its layout's epsilon unless given: a timm CLIP has 1e-5 and QuickGELU).
+    Logits; without a head, the pooler output or the class token after the norm. `no_embed_class`: timm's
+    option of that name (the file's `pos_embed` has no class row)."""
+    eps = eps or TORCH_EPS["timm" if "patch_embed.proj.weight" in state else "huggingface"]
+    return vit_logits(released_from_torch(state, num_heads), np.asarray(images), eps=eps, gelu=gelu, pixels=False,
                       no_embed_class=no_embed_class)

@@ -370,6 +370,7 @@ def test_bottleneck_unit():
 def test_every_public_layer_round_trips_its_config():
     public = [keras_vit.Patches((2, 4)), keras_vit.PatchEncoder(8, 2, kernel_initializer="zeros"),
               keras_vit.ClassToken(), keras_vit.PositionEmbedding((3, 2), 0, "sincos_2d"),
+              keras_vit.PositionEmbedding((4, 4), 2, patch_stride=16),
               keras_vit.StochasticDepth(0.2, seed=3), keras_vit.MlpBlock(12, 0.1),
               keras_vit.TransformerBlock(2, 8, 0.1, 0.2, 0.3, 1e-5), keras_vit.TokenPooling("avg"),
               keras_vit.TransformerBlock(2, 8, layer_scale_init=0.5, qk_norm=True, activation="quick_gelu"),

@@ -59,8 +59,12 @@ FAMILIES = {
     "dinov2_registers": Family(dict(TINY_VIT, layer_scale_init=1e-5, num_register_tokens=4, no_embed_class=True),
                                checkpoint=None),
     "dinov2_registers_hf": Family(dict(TINY_VIT, layer_scale_init=1e-5, num_register_tokens=4), checkpoint=None),
-    "clip_openai": Family(dict(TINY_VIT, norm_pre=True, activation="quick_gelu", layer_norm_epsilon=1e-5),
-                          checkpoint=None, eps=1e-5, gelu=quick_gelu),
+    "clip_openai": Family(dict(TINY_VIT, norm_pre=True, patch_bias=False, activation="quick_gelu",
+                               layer_norm_epsilon=1e-5), checkpoint=None, eps=1e-5, gelu=quick_gelu),
+    "siglip_map": Family(dict(TINY_VIT, classifier="map"), checkpoint=None),
+    "map_registers_qk_norm": Family(dict(TINY_VIT, classifier="map", num_register_tokens=2, qk_norm=True,
+                                         gelu_approximate=False),
+                                    checkpoint=None, gelu=gelu_erf),
     "deit_distilled": Family(dict(TINY_VIT, distillation_token=True), checkpoint=None),
     "fc_norm_avg": Family(dict(TINY_VIT, fc_norm=True, num_register_tokens=2), checkpoint=None),
     "qk_norm_gap": Family(dict(TINY_VIT, qk_norm=True, classifier="gap", num_register_tokens=1), checkpoint=None),
@@ -124,7 +128,7 @@ def test_family(name, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["vit", "vit_resampled_non_square", "hybrid", "dinov2_registers", "clip_openai",
-                                  "deit_distilled"])
+                                  "deit_distilled", "siglip_map"])
 def test_family_saved_model(name, tmp_path):
     import tensorflow as tf
 

@@ -217,15 +217,15 @@ def test_attention_model_hybrid():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(input_shape=(30, 32, 3)), r"Input height 30 is not divisible by the model's patch stride 8"),
     (dict(input_shape=(32, 36, 3)), r"Input width 36 is not divisible by the model's patch stride 8"),
-    (dict(classifier="cls"), r"Unknown classifier 'cls'. Expected one of \('token', 'gap'\)"),
+    (dict(classifier="cls"), r"Unknown classifier 'cls'. Expected one of \('token', 'gap', 'map'\)"),
     (dict(pooling="max", include_top=False), r"Unknown pooling 'max'. Expected None or one of"),
     (dict(position_embedding="rope"), r"Unknown position_embedding 'rope'"),
     (dict(classes=0), r"`classes` must be a positive int. Received: classes=0"),
     (dict(classes=2.5), r"Received: classes=2.5"),
     (dict(input_shape=(32, 32)), r"`input_shape` must be \(height, width, channels\). Received: \(32, 32\)"),
-    (dict(input_shape=(None, 32, 3)), r"needs a static height and width"),
     (dict(input_shape=(32, 32, 0)), r"input has 0 channels; expected a positive number"),
     (dict(classifier="gap", include_top=False, pooling="token"), r"pooling='token' needs a class token"),
+    (dict(include_top=False, pooling="map"), r"pooling='map' is the attention-pooling head of classifier='map'"),
 ])
 def test_bad_arguments(kwargs, message):
     config = dict(TINY_VIT, input_shape=(32, 32, 3), weights=None)

@@ -17,7 +17,7 @@ from keras_vit import kernels
 from keras_vit import layers as vit_layers
 import keras_vit.convert
 from keras_vit.cli import convert
-from tests.reference import torch_logits
+from tests.reference import quick_gelu, torch_logits
 from tests.testing import TINY_VIT, hf_state_dict, save_safetensors, timm_family_state_dict, timm_state_dict
 
 TI16 = dict(hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12, patch_size=16)
@@ -80,8 +80,13 @@ def test_options_survive_keras_saving_and_conflicts_are_errors(tmp_path):
     x = images(32, 32)
     np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))
     assert tiny(None).get_layer("encoderblock_0").gelu_approximate is True  # the original's numerics
-    with pytest.raises(ValueError, match=r"gelu_approximate=True contradicts the checkpoint"):
-        tiny(path, classes=10, gelu_approximate=True)
+    # A timm file does not record its numerics: the user's replace timm's defaults.
+    assert tiny(path, classes=10, gelu_approximate=True).get_layer("encoderblock_0").gelu_approximate is True
+    # A Hugging Face config.json beside the file fixes them: a contradicting value is an error.
+    hf_path = save_safetensors(hf_state_dict(), tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text('{"model_type": "vit", "hidden_act": "gelu", "layer_norm_eps": 1e-12}')
+    with pytest.raises(ValueError, match=r"gelu_approximate=True contradicts the checkpoint .*its config.json"):
+        tiny(hf_path, classes=10, gelu_approximate=True)
 
 
 def test_old_block_configs_default_to_the_original_gelu():
@@ -203,7 +208,8 @@ def test_pickle_files_are_never_unpickled(tmp_path, random_model, suffix):
 
 
 # The family options of timm files, each as its models combine them: (timm_family_state_dict arguments,
-# VisionTransformer options). Checked against the reference's own statement of timm's layout.
+# VisionTransformer options). Checked against the reference's own statement of timm's layout. The numerics no
+# file records (a CLIP's LayerNorm epsilon and QuickGELU) are given, as a user would.
 TIMM_FAMILIES = {
     "deit3": (dict(layer_scale=True, no_embed_class=True), dict(layer_scale_init=1e-5, no_embed_class=True)),
     "dinov2_registers": (dict(layer_scale=True, no_embed_class=True, registers=4),
@@ -211,7 +217,11 @@ TIMM_FAMILIES = {
     "qk_norm_norm_pre_fc_norm": (dict(qk_norm=True, norm_pre=True, fc_norm=True),
                                  dict(qk_norm=True, norm_pre=True, fc_norm=True)),
     "deit_distilled": (dict(distilled=True), dict(distillation_token=True)),
+    "clip_openai": (dict(norm_pre=True, patch_bias=False), dict(norm_pre=True, patch_bias=False,
+                                                                layer_norm_epsilon=1e-5, activation="quick_gelu")),
+    "siglip": (dict(map_head=True), dict(classifier="map")),
 }
+NUMERICS = {"clip_openai": dict(eps=1e-5, gelu=quick_gelu)}  # the reference's; timm's defaults otherwise
 
 
 @pytest.mark.parametrize("family", [name if name == "dinov2_registers" else pytest.param(name, marks=pytest.mark.slow)
@@ -221,30 +231,36 @@ def test_timm_family_files_load_and_match_the_numpy_forward(tmp_path, family):
     state = timm_family_state_dict(**state_options)
     path = save_safetensors(state, tmp_path / f"{family}.safetensors")
     x = images(32, 32)
-    expected = torch_logits(state, x, num_heads=3, no_embed_class=state_options.get("no_embed_class", False))
+    expected = torch_logits(state, x, num_heads=3, no_embed_class=state_options.get("no_embed_class", False),
+                            **NUMERICS.get(family, {}))
     assert_logits_match(tiny(path, classes=10, **model_options)(x), expected)
-    model, difference = keras_vit.convert.convert_checkpoint(path, str(tmp_path / "converted.keras"), num_heads=3)
+    numerics = {key: model_options[key] for key in ("layer_norm_epsilon", "activation") if key in model_options}
+    model, difference = keras_vit.convert.convert_checkpoint(path, str(tmp_path / "converted.keras"), num_heads=3,
+                                                             **numerics)
     assert difference == 0.0  # the architecture, options included, read from the file alone
     assert_logits_match(model(x), expected)
     from_file = keras_vit.VisionTransformer(weights=path, num_heads=3, input_shape=(32, 32, 3), classes=10,
-                                           include_preprocessing=False, classifier_activation=None)
+                                           include_preprocessing=False, classifier_activation=None, **numerics)
     assert_logits_match(from_file(x), expected)  # architecture and options from the keys, the heads given
     block = from_file.get_layer("encoderblock_1")
     assert (block.layer_scale_init is not None, block.qk_norm) == ("layer_scale" in state_options,
                                                                    "qk_norm" in state_options)
-    assert ("head_dist" in {layer.name for layer in from_file.layers}) == ("distilled" in state_options)
+    layers = {layer.name for layer in from_file.layers}
+    assert ("head_dist" in layers) == ("distilled" in state_options)
+    map_head = "map_head" in state_options  # SigLIP: attention pooling, no class token
+    assert ("MAPHead_0" in layers, "cls" in layers) == (map_head, not map_head)
+    assert from_file.get_layer("embedding").use_bias == state_options.get("patch_bias", True)
 
 
-@pytest.mark.parametrize("extra, drop, feature", [
-    ({"attn_pool.latent": np.ones((1, 1, 48), "float32")}, (), "attention pooling"),
-    ({}, ("patch_embed.proj.bias",), "a patch embedding without bias"),
-    ({}, ("cls_token",), "no class token"),
-], ids=["attention_pooling", "no_patch_bias", "no_class_token"])
-def test_unsupported_timm_features_are_refused(tmp_path, random_model, extra, drop, feature):
-    state = timm_state_dict()
+@pytest.mark.parametrize("extra, map_head, feature", [
+    ({"patch_embed.norm.weight": np.ones(48, "float32")}, False, "a patch-embedding norm"),
+    ({"blocks.1.attn.norm.weight": np.ones(48, "float32")}, False, "scale_attn_norm"),
+    ({"attn_pool.pos_embed": np.ones((1, 16, 48), "float32")}, True, "attention pooling with its own position"),
+    ({"attn_pool.latent": np.ones((1, 2, 48), "float32")}, True, "attention pooling of 2 latents"),
+], ids=["patch_norm", "scale_attn_norm", "pooling_position", "two_latents"])
+def test_unsupported_timm_features_are_refused(tmp_path, random_model, extra, map_head, feature):
+    state = timm_family_state_dict(map_head=map_head)
     state.update(extra)
-    for key in drop:
-        del state[key]
     path = save_safetensors(state, tmp_path / "variant.safetensors")
     with pytest.raises(ValueError, match=f"features keras_vit does not implement: {feature}"):
         tiny(path, classes=10)

@@ -249,8 +249,9 @@ def timm_state_dict(seed=0, depth=2, width=48, mlp=96, patch=8, grid=4, classes=
 
 
 def timm_family_state_dict(seed=0, *, registers=0, layer_scale=False, no_embed_class=False, qk_norm=False,
-                           norm_pre=False, fc_norm=False, distilled=False, **kwargs):
-    """`timm_state_dict` with the keys of timm's family options (DeiT-III, DINOv2, ...), non-degenerate values."""
+                           norm_pre=False, fc_norm=False, distilled=False, map_head=False, patch_bias=True, **kwargs):
+    """`timm_state_dict` with the keys of timm's family options (DeiT-III, DINOv2, CLIP's patch embedding
+    without bias, SigLIP's attention pooling without a class token, ...), non-degenerate values."""
     state = timm_state_dict(seed, **kwargs)
     rng = np.random.default_rng(seed + 100)
     width = state["cls_token"].shape[-1]
@@ -283,6 +284,23 @@ def timm_family_state_dict(seed=0, *, registers=0, layer_scale=False, no_embed_c
             state.update({f"{name}.weight": vector(width, 1.0), f"{name}.bias": vector(width)})
     if fc_norm:  # timm's final norm is the identity then
         del state["norm.weight"], state["norm.bias"]
+    if not patch_bias:  # CLIP
+        del state["patch_embed.proj.bias"]
+    if map_head:  # SigLIP: no class token, attention pooling (timm's AttentionPoolLatent)
+        del state["cls_token"]
+        state["pos_embed"] = state["pos_embed"][:, 1:]
+        mlp = state["blocks.0.mlp.fc1.weight"].shape[0]
+
+        def linear(out, inp):
+            return (rng.normal(size=(out, inp)) / math.sqrt(inp)).astype("float32")
+
+        state.update({"attn_pool.latent": vector((1, 1, width), scale=0.5),
+                      "attn_pool.q.weight": linear(width, width) * 2, "attn_pool.q.bias": vector(width),
+                      "attn_pool.kv.weight": linear(2 * width, width) * 2, "attn_pool.kv.bias": vector(2 * width),
+                      "attn_pool.proj.weight": linear(width, width), "attn_pool.proj.bias": vector(width),
+                      "attn_pool.norm.weight": vector(width, 1.0), "attn_pool.norm.bias": vector(width),
+                      "attn_pool.mlp.fc1.weight": linear(mlp, width), "attn_pool.mlp.fc1.bias": vector(mlp),
+                      "attn_pool.mlp.fc2.weight": linear(width, mlp), "attn_pool.mlp.fc2.bias": vector(width)})
     return state
 
 
@@ -315,5 +333,103 @@ def save_safetensors(state, path) -> str:
     """Writes a state dict with the `safetensors` package (torch not needed)."""
     from safetensors.numpy import save_file
 
-    save_file(state, str(path))
+    save_file({key: np.ascontiguousarray(value) for key, value in state.items()}, str(path))  # a transposed
+    # (Fortran-ordered) array would be written in its memory order
     return str(path)
+
+
+# Hugging Face's layouts of the ViT family (transformers 4.57+), stated here from its modelling code, not by
+# keras_vit's translator: (embeddings prefix, block prefix, block names, final norm).
+_HF_BLOCKS = {
+    "deit": ("deit.embeddings.", "deit.encoder.layer.{i}.",
+             dict(ln0="layernorm_before", ln2="layernorm_after", q="attention.attention.query",
+                  k="attention.attention.key", v="attention.attention.value", out="attention.output.dense",
+                  fc1="intermediate.dense", fc2="output.dense"), "deit.layernorm"),
+    "dinov2": ("embeddings.", "encoder.layer.{i}.",
+               dict(ln0="norm1", ln2="norm2", q="attention.attention.query", k="attention.attention.key",
+                    v="attention.attention.value", out="attention.output.dense", fc1="mlp.fc1", fc2="mlp.fc2"),
+               "layernorm"),
+    "clip": ("vision_model.embeddings.", "vision_model.encoder.layers.{i}.",
+             dict(ln0="layer_norm1", ln2="layer_norm2", q="self_attn.q_proj", k="self_attn.k_proj",
+                  v="self_attn.v_proj", out="self_attn.out_proj", fc1="mlp.fc1", fc2="mlp.fc2"),
+             "vision_model.post_layernorm"),
+}
+_HF_BLOCKS["siglip"] = _HF_BLOCKS["clip"]
+
+
+def hugging_face_family_state_dict(released: dict[str, np.ndarray], model: str) -> dict[str, np.ndarray]:
+    """A keras_vit model's weights under the released names (`tests.reference.released_names`) as the state dict
+    of a Hugging Face model: "deit" (DeiTForImageClassificationWithTeacher), "dinov2" (Dinov2Model, with
+    registers Dinov2WithRegistersModel), "clip" (CLIPVisionModel, with a `head` CLIPVisionModelWithProjection,
+    whose projection has no bias) or "siglip" (SiglipVisionModel). float32."""
+    a = {key: np.asarray(value, np.float64) for key, value in released.items()}
+    embeddings, block, names, final = _HF_BLOCKS[model]
+    width = a["embedding/kernel"].shape[-1]
+
+    def linear(kernel):  # Dense (in, out) or head-split kernels -> torch Linear (out, in)
+        return kernel.reshape(width, -1).T if kernel.shape[0] == width else kernel.reshape(-1, width).T
+
+    state = {}
+    conv = a["embedding/kernel"].transpose(3, 2, 0, 1)
+    posemb = a["Transformer/posembed_input/pos_embedding"]
+    if model in ("clip", "siglip"):
+        state[embeddings + "patch_embedding.weight"] = conv
+        state[embeddings + "position_embedding.weight"] = posemb[0]
+        if "embedding/bias" in a:
+            state[embeddings + "patch_embedding.bias"] = a["embedding/bias"]
+        if "cls" in a:
+            state[embeddings + "class_embedding"] = a["cls"].reshape(-1)
+        if "norm_pre/scale" in a:
+            state["vision_model.pre_layrnorm.weight"], state["vision_model.pre_layrnorm.bias"] = \
+                a["norm_pre/scale"], a["norm_pre/bias"]
+    else:
+        state[embeddings + "patch_embeddings.projection.weight"] = conv
+        state[embeddings + "patch_embeddings.projection.bias"] = a["embedding/bias"]
+        state[embeddings + "position_embeddings"] = posemb
+        state[embeddings + "cls_token"] = a["cls"]
+    if "dist_token" in a:
+        state[embeddings + "distillation_token"] = a["dist_token"]
+    if model == "dinov2":
+        state[embeddings + "mask_token"] = np.zeros((1, width))  # training only
+        if "registers" in a:
+            state[embeddings + "register_tokens"] = a["registers"]
+    depth = len({key.split("/")[1] for key in a if key.startswith("Transformer/encoderblock_")})
+    for i in range(depth):
+        r, b = f"Transformer/encoderblock_{i}", block.format(i=i)
+        m = f"{r}/MultiHeadDotProductAttention_1"
+        for name, released_name in (("ln0", f"{r}/LayerNorm_0"), ("ln2", f"{r}/LayerNorm_2")):
+            state[f"{b}{names[name]}.weight"], state[f"{b}{names[name]}.bias"] = \
+                a[released_name + "/scale"], a[released_name + "/bias"]
+        for name, released_name in (("q", "query"), ("k", "key"), ("v", "value"), ("out", "out")):
+            state[f"{b}{names[name]}.weight"] = linear(a[f"{m}/{released_name}/kernel"])
+            state[f"{b}{names[name]}.bias"] = a[f"{m}/{released_name}/bias"].reshape(-1)
+        for name, dense in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
+            state[f"{b}{names[name]}.weight"] = a[f"{r}/MlpBlock_3/{dense}/kernel"].T
+            state[f"{b}{names[name]}.bias"] = a[f"{r}/MlpBlock_3/{dense}/bias"]
+        if f"{r}/ls1/scale" in a:
+            state[f"{b}layer_scale1.lambda1"], state[f"{b}layer_scale2.lambda1"] = \
+                a[f"{r}/ls1/scale"], a[f"{r}/ls2/scale"]
+    state[final + ".weight"], state[final + ".bias"] = a["Transformer/encoder_norm/scale"], \
+        a["Transformer/encoder_norm/bias"]
+    if "MAPHead_0/probe" in a:  # SigLIP's head: nn.MultiheadAttention with a packed q/k/v
+        h, m = "vision_model.head.", "MAPHead_0/MultiHeadDotProductAttention_0"
+        state[h + "probe"] = a["MAPHead_0/probe"]
+        state[h + "attention.in_proj_weight"] = np.concatenate([linear(a[f"{m}/{n}/kernel"])
+                                                                for n in ("query", "key", "value")])
+        state[h + "attention.in_proj_bias"] = np.concatenate([a[f"{m}/{n}/bias"].reshape(-1)
+                                                              for n in ("query", "key", "value")])
+        state[h + "attention.out_proj.weight"] = linear(a[f"{m}/out/kernel"])
+        state[h + "attention.out_proj.bias"] = a[f"{m}/out/bias"]
+        state[h + "layernorm.weight"], state[h + "layernorm.bias"] = a["MAPHead_0/LayerNorm_0/scale"], \
+            a["MAPHead_0/LayerNorm_0/bias"]
+        for fc, dense in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
+            state[f"{h}mlp.{fc}.weight"] = a[f"MAPHead_0/MlpBlock_0/{dense}/kernel"].T
+            state[f"{h}mlp.{fc}.bias"] = a[f"MAPHead_0/MlpBlock_0/{dense}/bias"]
+    if "head/kernel" in a:
+        if model == "clip":  # visual_projection: a Linear without bias
+            state["visual_projection.weight"] = a["head/kernel"].T
+        else:
+            state["cls_classifier.weight"], state["cls_classifier.bias"] = a["head/kernel"].T, a["head/bias"]
+            state["distillation_classifier.weight"] = a["head_dist/kernel"].T
+            state["distillation_classifier.bias"] = a["head_dist/bias"]
+    return {key: value.astype("float32") for key, value in state.items()}

@@ -51,7 +51,8 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
     Returns:
         patch_size, hidden_dim, mlp_dim, num_heads, num_layers, resnet_stages (None for a plain ViT),
         classifier, representation_size, classes (None without a head), options (the ViT family's
-        `VisionTransformer` options: layer scale, registers, no_embed_class, qk_norm, norm_pre, fc_norm) and
+        `VisionTransformer` options: layer scale, registers, no_embed_class, qk_norm, norm_pre, fc_norm, distillation
+        token, patch bias) and
         image_size (the square input side of its position embedding).
     """
     if "embedding/kernel" not in shapes:
@@ -66,7 +67,7 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
     stages = tuple(max(u for s, u in units if s == stage) for stage in sorted({s for s, _ in units}))
     found = dict(patch_size=patch, hidden_dim=hidden, mlp_dim=paths[_MLP][1], num_heads=paths[_QUERY][1],
                  num_layers=len(blocks), resnet_stages=stages or None,
-                 classifier="token" if "cls" in shapes else "gap",
+                 classifier="token" if "cls" in shapes else "map" if "MAPHead_0/probe" in shapes else "gap",
                  representation_size=_width(shapes, "pre_logits/bias"), classes=_width(shapes, "head/bias"))
     found["options"] = _family_options(shapes, paths, found["classifier"] == "token")
     if npz.POSEMB_KEY in shapes:
@@ -96,7 +97,7 @@ def _family_options(shapes: Mapping[str, Sequence[int]], paths: Mapping[str, tup
                 no_embed_class=bool(class_token and tokens and math.isqrt(tokens) ** 2 == tokens),
                 qk_norm=any(path.endswith("/query_norm/gamma") for path in paths),
                 norm_pre="norm_pre/scale" in shapes, fc_norm="fc_norm/scale" in shapes,
-                distillation_token="dist_token" in shapes)
+                distillation_token="dist_token" in shapes, patch_bias="embedding/bias" in shapes)
 
 
 def _width(shapes: Mapping[str, Sequence[int]], key: str) -> int | None:

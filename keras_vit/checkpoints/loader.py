@@ -36,8 +36,10 @@ class WeightsSource:
         representation_size: int or None. `pre_logits` width the model should be built with
             when the caller left `representation_size=None`: the checkpoint's, if its head is
             going to be loaded (`include_top=True`), else None.
-        numerics: model options the checkpoint's model fixes (`layer_norm_epsilon`,
-            `gelu_approximate`): set for timm / Hugging Face files, empty otherwise.
+        numerics: model options the checkpoint's model fixes (`layer_norm_epsilon`, `gelu_approximate`,
+            `activation`): a Hugging Face file with its `config.json`; empty otherwise.
+        default_numerics: those options where the file does not fix them and the user gives none: a timm
+            or Hugging Face file's layout defaults (`torch_layout.NUMERICS`); empty for `.npz` files.
         head_classes: int or None. Width of the checkpoint's head; None when it has none or
             when the file does not say (`.weights.h5`).
     """
@@ -46,6 +48,7 @@ class WeightsSource:
     checkpoint: registry.Checkpoint | None = None
     representation_size: int | None = None
     numerics: dict = dataclasses.field(default_factory=dict)
+    default_numerics: dict = dataclasses.field(default_factory=dict)
     head_classes: int | None = None
 
 
@@ -120,8 +123,9 @@ def _resolve_file(path: str) -> WeightsSource:
         return WeightsSource(path)
     shapes, layout = checkpoint_shapes(path)
     width = {key: shapes[key][0] for key in ("head/bias", "pre_logits/bias") if key in shapes}
+    fixed, defaults = torch_layout.file_numerics(path, layout)
     return WeightsSource(path, representation_size=width.get("pre_logits/bias"), head_classes=width.get("head/bias"),
-                         numerics=dict(torch_layout.NUMERICS[layout]) if layout else {})
+                         numerics=fixed, default_numerics=defaults)
 
 
 def _check_head(weights: str, checkpoint_classes: int | None, classes: int) -> None:
@@ -142,7 +146,7 @@ def load(model: keras.Model, source: WeightsSource | str) -> None:
     """Loads weights into a model built by `keras_vit`; all-or-nothing for `.npz` and `.safetensors` files.
 
     A timm / Hugging Face `.safetensors` file needs a model built with its numerics: build it
-    with `weights=` that file (or with the options in `torch_layout.NUMERICS`).
+    with `weights=` that file (or with the options in `torch_layout.NUMERICS` or its `config.json`).
 
     Args:
         model: a `keras.Model` from `keras_vit.VisionTransformer` or a variant builder.

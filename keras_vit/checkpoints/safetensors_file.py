@@ -21,8 +21,6 @@ PICKLE_HINT = ("python -c \"import sys, torch; from safetensors.torch import sav
 
 _DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}
 
-_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}
-
 
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:

@@ -2,32 +2,36 @@
 
 A state dict's layout is detected from its keys:
 
-- timm `VisionTransformer` (`patch_embed.proj.weight`, `cls_token`, `pos_embed`,
-  `blocks.N.attn.qkv.weight`, `blocks.N.mlp.fc1.weight`, `norm.weight`, `head.weight`, ...);
-- Hugging Face `ViTForImageClassification` (`vit.embeddings...`, `vit.encoder.layer.N...`,
-  `vit.layernorm...`, `classifier...`) or `ViTModel` (the same without `vit.`, optionally
-  `pooler.dense...`, which becomes the `pre_logits` Dense + tanh layer).
+- timm `VisionTransformer` (`patch_embed.proj.weight`, `cls_token`, `pos_embed`, `blocks.N.attn.qkv.weight`,
+  `blocks.N.mlp.fc1.weight`, `norm.weight`, `head.weight`, `attn_pool.*`, ...): ViT, DeiT (distilled), DeiT-III,
+  DINOv2 (with registers), CLIP and SigLIP image towers;
+- Hugging Face, by model (`HF_LAYOUTS`): `ViTModel` / `ViTForImageClassification` and the DeiT models
+  (`[vit.|deit.]embeddings...`, `encoder.layer.N.attention.attention.query...`), `Dinov2Model` and
+  `Dinov2WithRegistersModel` (`encoder.layer.N.norm1`, `layer_scale1.lambda1`), `CLIPVisionModel`
+  (`vision_model.embeddings.class_embedding`, `encoder.layers.N.self_attn.q_proj`, `pre_layrnorm`) and
+  `SiglipVisionModel` (the same without a class token, with `head.probe`). The image tower of a whole
+  `CLIPModel` / `SiglipModel` file is read; its text tower is ignored.
 
 Its tensors are translated into the original `.npz` key layout (Linear (out, in) -> (in, out),
 convolution (out, in, kh, kw) -> (kh, kw, in, out), fused or separate query/key/value -> (D,
 heads, head_dim)); `keras_vit.checkpoints.loader` then checks, resamples and assigns them as for an
 `.npz` file: all or nothing, every problem listed under the file's own key names. Pure NumPy.
 
-Both layouts compute with the exact erf GELU; timm's LayerNorm epsilon is 1e-6 and Hugging
-Face's default 1e-12 (`NUMERICS`): the builders take these when `weights=` is such a file.
+The files store neither the LayerNorm epsilon nor the activation, nor the number of heads. `NUMERICS` holds
+each layout's defaults (timm's and the Hugging Face model classes'), which a user's values replace; a Hugging
+Face `config.json` beside the file (`read_hf_config`) fixes them, and then a contradicting value is an error.
 
-Supported: class-token models (timm `global_pool='token'`, Hugging Face ViT), with or without
-their head; in timm files also register tokens, layer scale, `no_embed_class`, `qk_norm`, `norm_pre` and
-`fc_norm` (DeiT-III, timm's DINOv2) and the distillation token (DeiT distilled), built with the matching
-`VisionTransformer` options. Not supported, and refused with an error naming the keys that show them: timm
-models without a class token, with attention pooling, a patch-embedding norm or a patch embedding without bias (CLIP);
-Hugging Face configs other than the defaults for `layer_norm_eps` and `hidden_act` (not stored
-in the weights file, so not detectable).
+Not supported, and refused with an error naming the keys that show them (`check_supported`): timm's
+`scale_attn_norm` / `scale_mlp_norm`, a patch-embedding norm, attention pooling with more than one latent or
+its own position embedding; Hugging Face DINOv2's SwiGLU MLP and its classifier on [class token, mean patch
+token].
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import re
 from typing import Callable, Mapping, Sequence
 
@@ -36,63 +40,129 @@ import numpy as np
 from keras_vit.checkpoints import npz
 
 TIMM = "timm"
-HUGGING_FACE = "huggingface"
+HUGGING_FACE = "huggingface"  # ViT and DeiT
+HF_DINOV2 = "huggingface-dinov2"
+HF_CLIP = "huggingface-clip"
+HF_SIGLIP = "huggingface-siglip"
+HF_LAYOUTS = (HUGGING_FACE, HF_DINOV2, HF_CLIP, HF_SIGLIP)
+# The prefixes of the Hugging Face models' backbone keys (heads such as `classifier.` have none).
+_HF_PREFIXES = ("vit.", "deit.", "dinov2.", "vision_model.")
 
+# Each layout's numerics where the file does not say (the model classes' defaults; timm: its ViT's).
 NUMERICS: dict[str, dict] = {
-    TIMM: dict(layer_norm_epsilon=1e-6, gelu_approximate=False),
-    HUGGING_FACE: dict(layer_norm_epsilon=1e-12, gelu_approximate=False),
+    TIMM: dict(layer_norm_epsilon=1e-6, gelu_approximate=False, activation="gelu"),
+    HUGGING_FACE: dict(layer_norm_epsilon=1e-12, gelu_approximate=False, activation="gelu"),
+    HF_DINOV2: dict(layer_norm_epsilon=1e-6, gelu_approximate=False, activation="gelu"),
+    HF_CLIP: dict(layer_norm_epsilon=1e-5, gelu_approximate=False, activation="quick_gelu"),
+    HF_SIGLIP: dict(layer_norm_epsilon=1e-6, gelu_approximate=True, activation="gelu"),
 }
+# Hugging Face `hidden_act` -> keras_vit's activation options.
+HIDDEN_ACTIVATIONS = {"gelu": dict(activation="gelu", gelu_approximate=False),
+                      "gelu_pytorch_tanh": dict(activation="gelu", gelu_approximate=True),
+                      "gelu_new": dict(activation="gelu", gelu_approximate=True),
+                      "quick_gelu": dict(activation="quick_gelu", gelu_approximate=False)}
 
 
 def _plain_keys(keys) -> dict[str, str]:
-    """Key without Hugging Face's `vit.` prefix -> the file's key."""
-    return {key.removeprefix("vit."): key for key in keys}
+    """Key without a Hugging Face backbone prefix (`vit.`, `vision_model.`, ...) -> the file's key."""
+    plain = {}
+    for key in keys:
+        prefix = next((prefix for prefix in _HF_PREFIXES if key.startswith(prefix)), "")
+        plain[key.removeprefix(prefix)] = key
+    return plain
 
 
 def detect_layout(keys: Sequence[str]) -> str:
-    """`TIMM` or `HUGGING_FACE`, from a state dict's keys; ValueError for anything else."""
+    """`TIMM` or one of `HF_LAYOUTS`, from a state dict's keys; ValueError for anything else."""
     keys = list(keys)
     if "patch_embed.proj.weight" in keys or any(key.startswith("blocks.") for key in keys):
         return TIMM
-    if any(key.startswith(("embeddings.", "encoder.layer.")) for key in _plain_keys(keys)):
+    plain = _plain_keys(keys)
+    if any(key.startswith("encoder.layers.") for key in plain):
+        return HF_CLIP if "embeddings.class_embedding" in plain else HF_SIGLIP
+    if any(re.fullmatch(r"encoder\.layer\.\d+\.norm1\.weight", key) for key in plain):
+        return HF_DINOV2
+    if any(key.startswith(("embeddings.", "encoder.layer.")) for key in plain):
         return HUGGING_FACE
     shown = ", ".join(repr(key) for key in keys[:8]) + (", ..." if len(keys) > 8 else "")
     raise ValueError(f"Not a timm or Hugging Face ViT state dict ({len(keys)} keys: {shown}). Recognized layouts: "
                      "timm VisionTransformer ('patch_embed.proj.weight', 'blocks.N.attn.qkv.weight', ...) and "
-                     "Hugging Face ViTModel / ViTForImageClassification ('[vit.]embeddings.patch_embeddings."
-                     "projection.weight', '[vit.]encoder.layer.N.attention.attention.query.weight', ...).")
+                     "Hugging Face ViT / DeiT ('[vit.]embeddings.patch_embeddings.projection.weight', "
+                     "'[vit.]encoder.layer.N.attention.attention.query.weight', ...), DINOv2 "
+                     "('encoder.layer.N.norm1.weight', ...), CLIP and SigLIP vision models "
+                     "('vision_model.encoder.layers.N.self_attn.q_proj.weight', ...).")
 
 
-# timm features whose numerics keras_vit does not implement: (key regex, what it is).
-_TIMM_UNSUPPORTED = (
-    (r"blocks\.\d+\.(attn|mlp)\.norm\..*", "scale_attn_norm / scale_mlp_norm"),
-    (r"attn_pool\..*", "attention pooling (global_pool='map')"),
-    (r"patch_embed\.norm\..*", "a patch-embedding norm"),
-)
+# Features whose numerics keras_vit does not implement: layout -> ((key regex, what it is), ...).
+_UNSUPPORTED = {
+    TIMM: ((r"blocks\.\d+\.(attn|mlp)\.norm\..*", "scale_attn_norm / scale_mlp_norm"),
+           (r"patch_embed\.norm\..*", "a patch-embedding norm"),
+           (r"attn_pool\.pos_embed", "attention pooling with its own position embedding")),
+    HF_DINOV2: ((r"encoder\.layer\.\d+\.mlp\.weights_in\..*", "the SwiGLU MLP (use_swiglu_ffn)"),
+                (r"classifier\..*", "Dinov2ForImageClassification's head on [class token, mean patch token]")),
+}
 
 
 def check_supported(shapes: dict[str, tuple[int, ...]], layout: str, origin: str = "checkpoint") -> None:
     """Raises ValueError naming the keys of model features keras_vit would compute wrongly."""
     found = {}
-    plain = _plain_keys(shapes)
-    if layout == TIMM:
-        for pattern, feature in _TIMM_UNSUPPORTED:
-            keys = [key for key in shapes if re.fullmatch(pattern, key)]
-            if keys:
-                found[feature] = keys
-        if "cls_token" not in shapes:
-            found["no class token (class_token=False, global_pool other than 'token')"] = ["cls_token (absent)"]
-        if "patch_embed.proj.weight" in shapes and "patch_embed.proj.bias" not in shapes:
-            found["a patch embedding without bias (CLIP)"] = ["patch_embed.proj.bias (absent)"]
-    elif "embeddings.cls_token" not in plain:
-        found["no class token"] = ["embeddings.cls_token (absent)"]
+    for pattern, feature in _UNSUPPORTED.get(layout, ()):
+        keys = [key for plain, key in _plain_keys(shapes).items() if re.fullmatch(pattern, plain)]
+        if keys:
+            found[feature] = keys
+    latent = shapes.get("attn_pool.latent")
+    if layout == TIMM and latent is not None and tuple(latent)[1:2] != (1,):
+        found[f"attention pooling of {tuple(latent)[1]} latents"] = ["attn_pool.latent"]
     if found:
         listed = "; ".join(f"{feature} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
                            for feature, keys in found.items())
         raise ValueError(f"{origin!r} is a {layout} ViT with features keras_vit does not implement: {listed}. "
-                         "Supported: class-token ViTs as timm's vit_*_patch*_* (also with registers, layer scale, "
-                         "no_embed_class, qk_norm, norm_pre, fc_norm, a distillation token) and Hugging Face's "
-                         "ViT; nothing was loaded.")
+                         "Supported: timm's ViT, DeiT, DeiT-III, DINOv2, CLIP and SigLIP image towers and Hugging "
+                         "Face's ViT, DeiT, DINOv2, CLIP and SigLIP vision models; nothing was loaded.")
+
+
+def read_hf_config(path: str) -> dict | None:
+    """The numerics and number of heads of the Hugging Face `config.json` beside a weights file, or None.
+
+    Returns `layer_norm_epsilon`, `activation`, `gelu_approximate` and `num_heads` for the keys the file sets
+    (a `CLIPModel` / `SiglipModel` config: those of its `vision_config`).
+
+    Raises:
+        ValueError: an unreadable file, or a `hidden_act` keras_vit does not implement.
+    """
+    config_path = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+    if not os.path.isfile(config_path):
+        return None
+    try:
+        with open(config_path, encoding="utf-8") as file:
+            config = json.load(file)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"Could not read the Hugging Face config {config_path!r} beside {path!r}: {error}") from None
+    config = config.get("vision_config", config)
+    found = {}
+    if "layer_norm_eps" in config:
+        found["layer_norm_epsilon"] = float(config["layer_norm_eps"])
+    if "hidden_act" in config:
+        if config["hidden_act"] not in HIDDEN_ACTIVATIONS:
+            raise ValueError(f"{config_path!r}: hidden_act={config['hidden_act']!r} is not implemented by keras_vit. "
+                             f"Supported: {sorted(HIDDEN_ACTIVATIONS)}.")
+        found.update(HIDDEN_ACTIVATIONS[config["hidden_act"]])
+    if "num_attention_heads" in config:
+        found["num_heads"] = int(config["num_attention_heads"])
+    return found
+
+
+def file_numerics(path: str, layout: str | None) -> tuple[dict, dict]:
+    """(fixed, defaults) numerics of a weights file: a Hugging Face file with its `config.json` fixes all three
+    (`NUMERICS` for what the config leaves at the class default); otherwise they are defaults a user may
+    replace. `.npz` files (layout None): none."""
+    if layout is None:
+        return {}, {}
+    config = read_hf_config(path) if layout in HF_LAYOUTS else None
+    if config is None:
+        return {}, dict(NUMERICS[layout])
+    config.pop("num_heads", None)
+    return dict(NUMERICS[layout], **config), {}
 
 
 # ---------------------------------------------------------------------------------------
@@ -144,24 +214,77 @@ def _out_kernel(array: np.ndarray, heads: int) -> list[np.ndarray]:
     return [array.T.reshape(heads, _by_heads(array.shape[1], heads), array.shape[0])]
 
 
-def _split_qkv(array: np.ndarray, heads: int, convert: Callable) -> list[np.ndarray]:
-    if array.shape[0] % 3 or (array.ndim == 2 and array.shape[0] != 3 * array.shape[1]):
-        raise ValueError(f"expected a fused query/key/value of 3 * width rows, found shape {array.shape}")
-    return [convert(part, heads)[0] for part in np.split(array, 3)]
+def _split(array: np.ndarray, heads: int, convert: Callable, parts: int) -> list[np.ndarray]:
+    """A fused projection of `parts` * width rows (query/key/value, or key/value) split, each converted."""
+    if array.shape[0] % parts or (array.ndim == 2 and array.shape[0] != parts * array.shape[1]):
+        fused = {3: "query/key/value", 2: "key/value"}[parts]
+        raise ValueError(f"expected a fused {fused} of {parts} * width rows, found shape {array.shape}")
+    return [convert(part, heads)[0] for part in np.split(array, parts)]
 
 
 def _qkv_kernel(array: np.ndarray, heads: int) -> list[np.ndarray]:
-    return _split_qkv(array, heads, _heads_kernel)
+    return _split(array, heads, _heads_kernel, 3)
 
 
 def _qkv_bias(array: np.ndarray, heads: int) -> list[np.ndarray]:
-    return _split_qkv(array, heads, _heads_bias)
+    return _split(array, heads, _heads_bias, 3)
+
+
+def _kv_kernel(array: np.ndarray, heads: int) -> list[np.ndarray]:
+    return _split(array, heads, _heads_kernel, 2)
+
+
+def _kv_bias(array: np.ndarray, heads: int) -> list[np.ndarray]:
+    return _split(array, heads, _heads_bias, 2)
+
+
+def _token(array: np.ndarray, heads: int) -> list[np.ndarray]:
+    """CLIP's class embedding (D,) -> a token (1, 1, D)."""
+    _expect_ndim(array, 1)
+    return [array.reshape(1, 1, -1)]
+
+
+def _rows(array: np.ndarray, heads: int) -> list[np.ndarray]:
+    """An `nn.Embedding` table (tokens, D) -> (1, tokens, D)."""
+    _expect_ndim(array, 2)
+    return [array[None]]
+
+
+def _linear_no_bias(array: np.ndarray, heads: int) -> list[np.ndarray]:
+    """A Linear without bias (CLIP's `visual_projection`) -> Dense kernel (in, out) and a zero bias."""
+    _expect_ndim(array, 2)
+    return [array.T, np.zeros(array.shape[:1], array.dtype)]
 
 
 _B = "Transformer/encoderblock_{i}"
 _ATTN = _B + "/MultiHeadDotProductAttention_1"
 _QKV = ("query", "key", "value")
 _POSEMB = npz.POSEMB_KEY
+_MAP = "MAPHead_0"
+_MAP_ATTN = _MAP + "/MultiHeadDotProductAttention_0"
+_IGNORED = ()  # targets of tensors that are not weights of the model (training-only tokens, buffers, text towers)
+
+
+def _norm(source: str, target: str) -> tuple:
+    """Rows for a LayerNorm: `source.weight`/`.bias` -> `target/scale`/`/bias`."""
+    return ((f"{source}.weight", (f"{target}/scale",), _same), (f"{source}.bias", (f"{target}/bias",), _same))
+
+
+def _dense(source: str, target: str, kernel: Callable = _linear, bias: Callable = _same) -> tuple:
+    """Rows for a Linear: `source.weight`/`.bias` -> `target/kernel`/`/bias`."""
+    return ((f"{source}.weight", (f"{target}/kernel",), kernel), (f"{source}.bias", (f"{target}/bias",), bias))
+
+
+def _separate_qkv(source: str, target: str) -> tuple:
+    """Rows for separate query/key/value Linears, `source` formatted with each of `names`."""
+    return tuple(row for name, own in zip(_QKV, source) for row in (
+        (f"{own}.weight", (f"{target}/{name}/kernel",), _heads_kernel),
+        (f"{own}.bias", (f"{target}/{name}/bias",), _heads_bias)))
+
+
+def _mlp(source: str, target: str) -> tuple:
+    return (*_dense(f"{source}.fc1", f"{target}/Dense_0"), *_dense(f"{source}.fc2", f"{target}/Dense_1"))
+
 
 # (source key template, .npz key templates, transform); "{i}" stands for a block index.
 _TIMM_TABLE = (
@@ -169,67 +292,105 @@ _TIMM_TABLE = (
     ("patch_embed.proj.bias", ("embedding/bias",), _same),
     ("cls_token", ("cls",), _same),
     ("pos_embed", (_POSEMB,), _same),
-    ("blocks.{i}.norm1.weight", (_B + "/LayerNorm_0/scale",), _same),
-    ("blocks.{i}.norm1.bias", (_B + "/LayerNorm_0/bias",), _same),
+    *_norm("blocks.{i}.norm1", _B + "/LayerNorm_0"),
     ("blocks.{i}.attn.qkv.weight", tuple(f"{_ATTN}/{name}/kernel" for name in _QKV), _qkv_kernel),
     ("blocks.{i}.attn.qkv.bias", tuple(f"{_ATTN}/{name}/bias" for name in _QKV), _qkv_bias),
-    ("blocks.{i}.attn.proj.weight", (_ATTN + "/out/kernel",), _out_kernel),
-    ("blocks.{i}.attn.proj.bias", (_ATTN + "/out/bias",), _same),
-    ("blocks.{i}.norm2.weight", (_B + "/LayerNorm_2/scale",), _same),
-    ("blocks.{i}.norm2.bias", (_B + "/LayerNorm_2/bias",), _same),
-    ("blocks.{i}.mlp.fc1.weight", (_B + "/MlpBlock_3/Dense_0/kernel",), _linear),
-    ("blocks.{i}.mlp.fc1.bias", (_B + "/MlpBlock_3/Dense_0/bias",), _same),
-    ("blocks.{i}.mlp.fc2.weight", (_B + "/MlpBlock_3/Dense_1/kernel",), _linear),
-    ("blocks.{i}.mlp.fc2.bias", (_B + "/MlpBlock_3/Dense_1/bias",), _same),
+    *_dense("blocks.{i}.attn.proj", _ATTN + "/out", _out_kernel),
+    *_norm("blocks.{i}.norm2", _B + "/LayerNorm_2"),
+    *_mlp("blocks.{i}.mlp", _B + "/MlpBlock_3"),
     ("reg_token", ("registers",), _same),
     ("dist_token", ("dist_token",), _same),
-    ("head_dist.weight", ("head_dist/kernel",), _linear),
-    ("head_dist.bias", ("head_dist/bias",), _same),
+    *_dense("head_dist", "head_dist"),
     ("blocks.{i}.ls1.gamma", (_B + "/ls1/scale",), _same),
     ("blocks.{i}.ls2.gamma", (_B + "/ls2/scale",), _same),
-    *((f"blocks.{{i}}.attn.{name[0]}_norm.{weight}", (f"{_ATTN}/{name}_norm/{released}",), _same)
-      for name in ("query", "key") for weight, released in (("weight", "scale"), ("bias", "bias"))),
-    *((f"{norm}.{weight}", (f"{norm}/{released}",), _same)
-      for norm in ("norm_pre", "fc_norm") for weight, released in (("weight", "scale"), ("bias", "bias"))),
-    ("norm.weight", ("Transformer/encoder_norm/scale",), _same),
-    ("norm.bias", ("Transformer/encoder_norm/bias",), _same),
-    ("head.weight", ("head/kernel",), _linear),
-    ("head.bias", ("head/bias",), _same),
+    *_norm("blocks.{i}.attn.q_norm", _ATTN + "/query_norm"),
+    *_norm("blocks.{i}.attn.k_norm", _ATTN + "/key_norm"),
+    *_norm("norm_pre", "norm_pre"),
+    *_norm("fc_norm", "fc_norm"),
+    *_norm("norm", "Transformer/encoder_norm"),
+    ("attn_pool.latent", (_MAP + "/probe",), _same),
+    *_dense("attn_pool.q", _MAP_ATTN + "/query", _heads_kernel, _heads_bias),
+    ("attn_pool.kv.weight", tuple(f"{_MAP_ATTN}/{name}/kernel" for name in _QKV[1:]), _kv_kernel),
+    ("attn_pool.kv.bias", tuple(f"{_MAP_ATTN}/{name}/bias" for name in _QKV[1:]), _kv_bias),
+    *_dense("attn_pool.proj", _MAP_ATTN + "/out", _out_kernel),
+    *_norm("attn_pool.norm", _MAP + "/LayerNorm_0"),
+    *_mlp("attn_pool.mlp", _MAP + "/MlpBlock_0"),
+    *_dense("head", "head"),
 )
 
 _L = "encoder.layer.{i}"
+_HF_QKV = tuple(f"{_L}.attention.attention.{name}" for name in _QKV)
+# ViTModel, ViTForImageClassification and the DeiT models.
 _HF_TABLE = (
-    ("embeddings.patch_embeddings.projection.weight", ("embedding/kernel",), _conv),
-    ("embeddings.patch_embeddings.projection.bias", ("embedding/bias",), _same),
+    *_dense("embeddings.patch_embeddings.projection", "embedding", _conv),
     ("embeddings.cls_token", ("cls",), _same),
+    ("embeddings.distillation_token", ("dist_token",), _same),
     ("embeddings.position_embeddings", (_POSEMB,), _same),
-    (_L + ".layernorm_before.weight", (_B + "/LayerNorm_0/scale",), _same),
-    (_L + ".layernorm_before.bias", (_B + "/LayerNorm_0/bias",), _same),
-    *((f"{_L}.attention.attention.{name}.weight", (f"{_ATTN}/{name}/kernel",), _heads_kernel) for name in _QKV),
-    *((f"{_L}.attention.attention.{name}.bias", (f"{_ATTN}/{name}/bias",), _heads_bias) for name in _QKV),
-    (_L + ".attention.output.dense.weight", (_ATTN + "/out/kernel",), _out_kernel),
-    (_L + ".attention.output.dense.bias", (_ATTN + "/out/bias",), _same),
-    (_L + ".layernorm_after.weight", (_B + "/LayerNorm_2/scale",), _same),
-    (_L + ".layernorm_after.bias", (_B + "/LayerNorm_2/bias",), _same),
-    (_L + ".intermediate.dense.weight", (_B + "/MlpBlock_3/Dense_0/kernel",), _linear),
-    (_L + ".intermediate.dense.bias", (_B + "/MlpBlock_3/Dense_0/bias",), _same),
-    (_L + ".output.dense.weight", (_B + "/MlpBlock_3/Dense_1/kernel",), _linear),
-    (_L + ".output.dense.bias", (_B + "/MlpBlock_3/Dense_1/bias",), _same),
-    ("layernorm.weight", ("Transformer/encoder_norm/scale",), _same),
-    ("layernorm.bias", ("Transformer/encoder_norm/bias",), _same),
-    ("pooler.dense.weight", ("pre_logits/kernel",), _linear),
-    ("pooler.dense.bias", ("pre_logits/bias",), _same),
-    ("classifier.weight", ("head/kernel",), _linear),
-    ("classifier.bias", ("head/bias",), _same),
+    ("embeddings.mask_token", _IGNORED, _same),
+    *_norm(_L + ".layernorm_before", _B + "/LayerNorm_0"),
+    *_separate_qkv(_HF_QKV, _ATTN),
+    *_dense(_L + ".attention.output.dense", _ATTN + "/out", _out_kernel),
+    *_norm(_L + ".layernorm_after", _B + "/LayerNorm_2"),
+    *_dense(_L + ".intermediate.dense", _B + "/MlpBlock_3/Dense_0"),
+    *_dense(_L + ".output.dense", _B + "/MlpBlock_3/Dense_1"),
+    *_norm("layernorm", "Transformer/encoder_norm"),
+    *_dense("pooler.dense", "pre_logits"),
+    *_dense("classifier", "head"),
+    *_dense("cls_classifier", "head"),
+    *_dense("distillation_classifier", "head_dist"),
 )
 
-_TABLES = {TIMM: _TIMM_TABLE, HUGGING_FACE: _HF_TABLE}
+# Dinov2Model and Dinov2WithRegistersModel: the class token has a position, the registers do not.
+_HF_DINOV2_TABLE = (
+    *_dense("embeddings.patch_embeddings.projection", "embedding", _conv),
+    ("embeddings.cls_token", ("cls",), _same),
+    ("embeddings.register_tokens", ("registers",), _same),
+    ("embeddings.position_embeddings", (_POSEMB,), _same),
+    ("embeddings.mask_token", _IGNORED, _same),
+    *_norm(_L + ".norm1", _B + "/LayerNorm_0"),
+    *_separate_qkv(_HF_QKV, _ATTN),
+    *_dense(_L + ".attention.output.dense", _ATTN + "/out", _out_kernel),
+    (_L + ".layer_scale1.lambda1", (_B + "/ls1/scale",), _same),
+    *_norm(_L + ".norm2", _B + "/LayerNorm_2"),
+    *_mlp(_L + ".mlp", _B + "/MlpBlock_3"),
+    (_L + ".layer_scale2.lambda1", (_B + "/ls2/scale",), _same),
+    *_norm("layernorm", "Transformer/encoder_norm"),
+)
+
+_CL = "encoder.layers.{i}"
+# CLIPVisionModel(WithProjection) and SiglipVisionModel, alone or as the image tower of CLIPModel / SiglipModel.
+_HF_CLIP_TABLE = (
+    ("embeddings.class_embedding", ("cls",), _token),
+    *_dense("embeddings.patch_embedding", "embedding", _conv),
+    ("embeddings.position_embedding.weight", (_POSEMB,), _rows),
+    ("embeddings.position_ids", _IGNORED, _same),
+    *_norm("pre_layrnorm", "norm_pre"),
+    *_norm(_CL + ".layer_norm1", _B + "/LayerNorm_0"),
+    *_separate_qkv(tuple(f"{_CL}.self_attn.{name}_proj" for name in "qkv"), _ATTN),
+    *_dense(_CL + ".self_attn.out_proj", _ATTN + "/out", _out_kernel),
+    *_norm(_CL + ".layer_norm2", _B + "/LayerNorm_2"),
+    *_mlp(_CL + ".mlp", _B + "/MlpBlock_3"),
+    *_norm("post_layernorm", "Transformer/encoder_norm"),
+    ("head.probe", (_MAP + "/probe",), _same),
+    ("head.attention.in_proj_weight", tuple(f"{_MAP_ATTN}/{name}/kernel" for name in _QKV), _qkv_kernel),
+    ("head.attention.in_proj_bias", tuple(f"{_MAP_ATTN}/{name}/bias" for name in _QKV), _qkv_bias),
+    *_dense("head.attention.out_proj", _MAP_ATTN + "/out", _out_kernel),
+    *_norm("head.layernorm", _MAP + "/LayerNorm_0"),
+    *_mlp("head.mlp", _MAP + "/MlpBlock_0"),
+    ("visual_projection.weight", ("head/kernel", "head/bias"), _linear_no_bias),
+    *((key, _IGNORED, _same) for key in ("text_model.{rest}", "text_projection.weight", "logit_scale",
+                                         "logit_bias")),
+)
+
+_TABLES = {TIMM: _TIMM_TABLE, HUGGING_FACE: _HF_TABLE, HF_DINOV2: _HF_DINOV2_TABLE, HF_CLIP: _HF_CLIP_TABLE,
+           HF_SIGLIP: _HF_CLIP_TABLE}
 
 
 def _match(key: str, layout: str):
-    """(block index or None, .npz templates, transform) for a key (without `vit.`), or None."""
+    """(block index or None, .npz templates, transform) for a key (without its backbone prefix), or None."""
     for template, targets, transform in _TABLES[layout]:
-        match = re.fullmatch(re.escape(template).replace(r"\{i\}", r"(\d+)"), key)
+        pattern = re.escape(template).replace(r"\{i\}", r"(\d+)").replace(r"\{rest\}", r"(?:.+)")
+        match = re.fullmatch(pattern, key)
         if match:
             return (match.group(1) if match.groups() else None), targets, transform
     return None
@@ -252,7 +413,8 @@ class Translation:
 
 
 def translate(tensors: dict[str, np.ndarray], layout: str, num_heads: int) -> Translation:
-    """Translates a timm or Hugging Face state dict into the original `.npz` layout."""
+    """Translates a timm or Hugging Face state dict into the original `.npz` layout (tensors that are not
+    weights of the image model, `_IGNORED`, are left out)."""
     arrays, source_keys, problems = {}, {}, []
     for plain, key in _plain_keys(tensors).items():
         found = _match(plain, layout)
@@ -275,17 +437,22 @@ def weight_sources(layout: str, num_layers: int, prefix: str = "") -> dict[str, 
     """Keras weight path -> the source key that feeds it, for a model of `num_layers` blocks."""
     sources = {}
     for template, targets, _ in _TABLES[layout]:
-        for i in range(num_layers) if "{i}" in template else [None]:
+        for i in range(num_layers) if "{i}" in template and targets else [None] if targets else []:
             key = template.format(i=i)
-            key = prefix + key if layout == HUGGING_FACE and not key.startswith(("pooler.", "classifier.")) else key
+            key = key if key.startswith(_UNPREFIXED) else prefix + key
             for target in targets:
                 sources[npz.keras_path(target.format(i=i))[0]] = key
     return sources
 
 
+# Hugging Face keys outside the backbone prefix: the heads of the task models.
+_UNPREFIXED = ("pooler.", "classifier.", "cls_classifier.", "distillation_classifier.", "visual_projection.")
+
+
 def hf_prefix(keys) -> str:
-    """`"vit."` for a ViTForImageClassification state dict, `""` for a ViTModel one."""
-    return "vit." if any(key.startswith("vit.") for key in keys) else ""
+    """The backbone prefix of a Hugging Face state dict: `"vit."` for ViTForImageClassification,
+    `"vision_model."` for CLIP and SigLIP, ..., `""` for ViTModel (and timm)."""
+    return next((prefix for prefix in _HF_PREFIXES if any(key.startswith(prefix) for key in keys)), "")
 
 
 def npz_shapes(shapes: Mapping[str, Sequence[int]], layout: str) -> dict[str, tuple[int, ...]]:

@@ -5,6 +5,11 @@ checkpoint-loaded model; prints the max absolute difference (0 when faithful).
 
     keras-vit-convert ViT-B_16.npz vit_b16_384.weights.h5 --variant B/16 --image-size 384
     keras-vit-convert vit_tiny.safetensors vit_tiny.keras
+    keras-vit-convert vit_base_patch16_clip_224.safetensors clip.keras --num-heads 12 \
+        --layer-norm-epsilon 1e-5 --activation quick_gelu
+
+A timm file records neither its heads nor its numerics: give them (timm's defaults are 1e-6 and exact GELU; an
+OpenAI CLIP tower has 1e-5 and QuickGELU). A Hugging Face file takes them from the config.json beside it.
 
 Load a `.weights.h5` result with `weights="path.weights.h5"` and the same arguments (variant, input
 size, classes, representation size).
@@ -30,7 +35,13 @@ def _parser() -> argparse.ArgumentParser:
                         help="input size, one value (square) or height width (default: the checkpoint's)")
     parser.add_argument("--num-heads", type=int,
                         help="attention heads of a .safetensors model not in the variant table (default: the "
-                             "variant's, or that of the variant with the checkpoint's shapes)")
+                             "config.json's, the variant's, or that of the variant with the checkpoint's shapes)")
+    parser.add_argument("--layer-norm-epsilon", type=float,
+                        help="LayerNorm epsilon of a timm model (default: its config.json's, else the layout's)")
+    parser.add_argument("--activation", choices=("gelu", "quick_gelu"),
+                        help="MLP activation (default: the config.json's, else gelu)")
+    parser.add_argument("--gelu-approximate", action=argparse.BooleanOptionalAction, default=None,
+                        help="tanh-approximate GELU (default: the config.json's, else exact for .safetensors files)")
     return parser
 
 
@@ -45,8 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"output must end in .weights.h5 or .keras. Received: {args.output!r}")
     if args.num_heads and not args.checkpoint.endswith(".safetensors"):
         parser.error("--num-heads is for .safetensors files; an .npz checkpoint stores its heads.")
-    model, difference = convert.convert_checkpoint(args.checkpoint, args.output, variant=args.variant,
-                                                   num_heads=args.num_heads, image_size=image_size)
+    model, difference = convert.convert_checkpoint(
+        args.checkpoint, args.output, variant=args.variant, num_heads=args.num_heads, image_size=image_size,
+        layer_norm_epsilon=args.layer_norm_epsilon, gelu_approximate=args.gelu_approximate,
+        activation=args.activation)
     height, width = model.inputs[0].shape[1:3]
     print(f"Wrote {args.output} ({model.count_params():,} parameters, input {height}x{width}, "
           f"output {model.outputs[0].shape[-1]}).")

@@ -2,6 +2,7 @@
 
     keras-vit-export --model vit.keras --out /models/vit [--version N] [--overwrite]
     keras-vit-export --variant B/16 --weights vit.weights.h5 --out /models/vit
+    keras-vit-export --variant B/16 --weights imagenet --any-size --out /models/vit
 """
 
 from __future__ import annotations
@@ -32,16 +33,22 @@ def _parser() -> argparse.ArgumentParser:
                              f"before decoding (default: {DEFAULT_MAX_PIXELS:,})")
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                         help=f"most images per request (default: {DEFAULT_MAX_BATCH})")
+    parser.add_argument("--any-size", action="store_true",
+                        help="build --variant for any input size (instead of --image-size): serving_default then "
+                             "takes images at their own size, multiples of the patch stride, without resizing (a "
+                             ".keras model built with input_shape=(None, None, 3) is exported so by itself)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.any_size and not args.variant:
+        parser.error("--any-size builds a --variant; a .keras model keeps the input shape it was built with.")
     cli.require("keras-vit-export", "export")
     from keras_vit.export import saved_model, serving
 
-    model = common.model_from_args(parser, args)
+    model = common.model_from_args(parser, args, input_shape=(None, None, 3) if args.any_size else None)
     class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines() if args.class_names else None
     path = saved_model.export_saved_model(model, args.out, version=args.version, overwrite=args.overwrite,
                                           top_k=args.top_k, class_names=class_names, max_pixels=args.max_pixels,

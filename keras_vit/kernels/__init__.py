@@ -10,6 +10,8 @@ The layers hold the maths (`keras_vit.layers`); they call six primitives for the
     compiled_inference(call)           a decorator: the layer's own `call`, XLA-compiled in inference
     rematerialized(call)               a decorator: the layer's own `call` under gradient checkpointing
 
+and one check, `exact_quotient(size, divisor, message)`, for image sizes known only at run time.
+
 By default each emits the portable `keras.ops` maths, the same on every backend, device and TensorFlow
 build. Inside a `cpu_kernels()` scope, which `keras_vit.ViTModel` enters in its `fit` / `evaluate` /
 `predict` steps (never in exports or your own `tf.function`), the TensorFlow backend may swap in a faster
@@ -34,6 +36,7 @@ import functools
 import os
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_vit.kernels import scope, tf_ops
@@ -109,6 +112,20 @@ def gelu(x, approximate: bool = True):
     return keras.activations.gelu(x, approximate=approximate)
 
 
+def exact_quotient(size, divisor: int, message: str):
+    """size // divisor, where `size` (an image height or width) must be a multiple of `divisor`.
+
+    A size known when traced (an int: eager calls, JAX, PyTorch, static TensorFlow shapes) that is not one raises
+    `ValueError(message.format(size))`. A TensorFlow graph's unknown size gives a scalar tensor computed after an
+    assertion, which fails with InvalidArgumentError (the same message) before any op uses the quotient.
+    """
+    if isinstance(size, (int, np.integer)):
+        if size % divisor:
+            raise ValueError(message.format(size))
+        return int(size) // divisor
+    return tf_ops.exact_quotient(size, divisor, message)
+
+
 def compiled_inference(call):
     """Decorates a layer's `call(x, training=None, ...)`: in float32 inference of a statically known
     batch of at most `XLA_BLOCK_MAX_ROWS` tokens, with `xla_encoder_blocks` chosen, the same `call` runs
@@ -164,5 +181,5 @@ def _compilable_input(x) -> bool:
 
 __all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "XLA_BLOCK_MAX_ROWS", "Capabilities", "KernelChoice",
            "active", "batch_matmul", "choose", "compiled_inference", "cpu_flags", "cpu_kernels", "dense", "detect",
-           "fused_attention", "fused_attention_pays", "gelu", "layer_norm", "machine_choice",
+           "exact_quotient", "fused_attention", "fused_attention_pays", "gelu", "layer_norm", "machine_choice",
            "rematerialized", "warn_if_bfloat16_is_emulated"]

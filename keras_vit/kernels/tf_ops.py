@@ -32,6 +32,15 @@ def portable_layer_norm(x, gamma, beta, epsilon: float):
     return ops.cast(centered * scale + ops.cast(beta, "float32"), dtype)
 
 
+def exact_quotient(size, divisor: int, message: str):
+    """`size // divisor` of a scalar int tensor, evaluated only after an assertion that `divisor` divides it,
+    failing with `message` (`{}`: the size)."""
+    import tensorflow as tf
+    check = tf.debugging.Assert(tf.equal(size % divisor, 0), [tf.strings.format(message, (size,))])
+    with tf.control_dependencies([check]):
+        return tf.identity(size // divisor)
+
+
 def conv_projection(x, kernel, bias):
     """x (N, in) @ kernel + bias as a 1x1 convolution, which oneDNN gives its AMX kernel in bfloat16."""
     import tensorflow as tf
