@@ -20,7 +20,7 @@ from keras_vit import layers as vit_layers
 from keras_vit import models
 from keras_vit.checkpoints import loader, npz
 from tests.testing import (TINY_HYBRID, TINY_VIT, graph_op_types, save_checkpoint, save_safetensors,
-                           timm_state_dict, to_numpy, vit_checkpoint)
+                           timm_family_state_dict, timm_state_dict, to_numpy, vit_checkpoint)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGITS = dict(classes=10, classifier_activation=None)
@@ -134,6 +134,22 @@ def test_timm_safetensors_checkpoint(tmp_path):
         images = _images(size)
         np.testing.assert_allclose(to_numpy(model(images)), to_numpy(_build(TINY_VIT, (*size, 3), path)(images)),
                                    atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", [
+    dict(state=dict(layer_scale=True, no_embed_class=True, registers=4), build=dict(layer_scale_init=1e-5)),
+    dict(state=dict(map_head=True, patch_bias=False), build=dict()),  # SigLIP-style: no class token
+    dict(state=dict(distilled=True), build=dict()),
+], ids=["dinov2_registers", "map_no_class_token", "deit_distilled"])
+def test_family_files_at_any_size(tmp_path, family):
+    """The ViT family's prefix tokens (registers without a position, the class token after the table, no class
+    token, a distillation token with a position) on the resampled grid, as a model built at the size."""
+    path = save_safetensors(timm_family_state_dict(seed=4, **family["state"]), tmp_path / "family.safetensors")
+    model = _build(TINY_VIT, ANY_SIZE, path, include_preprocessing=False, **family["build"])
+    for size in ((32, 32), (24, 40)):
+        images = _images(size) / 127.5 - 1
+        expected = to_numpy(_build(TINY_VIT, (*size, 3), path, include_preprocessing=False, **family["build"])(images))
+        np.testing.assert_allclose(to_numpy(model(images)), expected, atol=1e-5, rtol=0, err_msg=str(size))
 
 
 def test_hybrid(tmp_path):
