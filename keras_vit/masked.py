@@ -127,7 +127,7 @@ class PatchCorruption(keras.layers.Layer):
 
 def _patch_grid(images, patch_size: int | Sequence[int]):
     """(batch, H, W, C) -> (batch, num_patches, ph, pw, C), patches in row-major grid order."""
-    patch_size = vit_layers._pair(patch_size, "patch_size")
+    patch_size = vit_layers.to_pair(patch_size, "patch_size")
     rows, columns = vit_layers.patch_grid(images, patch_size)
     patches = vit_layers.extract_patches(images, patch_size)  # Flattened in (row, column, channel) order.
     return ops.reshape(patches, (-1, rows * columns, *patch_size, images.shape[-1]))
@@ -199,7 +199,7 @@ class PatchTargets(keras.layers.Layer):
         super().__init__(**kwargs)
         if target not in TARGETS:
             raise ValueError(f"Unknown target {target!r}. Expected one of {TARGETS}.")
-        self.patch_size = vit_layers._pair(patch_size, "patch_size")
+        self.patch_size = vit_layers.to_pair(patch_size, "patch_size")
         self.target = target
         self.bits = bits
         self.value_range = (float(value_range[0]), float(value_range[1]))

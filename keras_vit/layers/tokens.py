@@ -1,0 +1,423 @@
+"""The token layers of ViT: images to patch tokens, the prefix tokens (class, distillation, registers), position
+embeddings (fitted to any patch grid) and the pooling of tokens to one vector (paper Eq. 1; vit_jax's
+`models_vit.py`). Weights carry the names of the released checkpoints (`embedding`, `cls`, `pos_embedding`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_vit import kernels
+
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
+POOLINGS = ("token", "avg")
+
+_register = keras.saving.register_keras_serializable(package="keras_vit")
+
+
+def to_pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
+    """Returns `value` as an (height, width) pair of positive ints."""
+    pair = (value, value) if isinstance(value, (int, np.integer)) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, (int, np.integer)) and v > 0 for v in pair):
+        raise ValueError(f"`{name}` must be a positive int or a pair of them. Received: {name}={value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def patch_grid(images, patch_size: tuple[int, int], unit: str = "patch size"):
+    """(rows, columns) of the patch grid of (B, H, W, ...) `images`: ints where H and W are static, else (a
+    TensorFlow graph of any image size) scalar tensors. H and W must be multiples of the patch size
+    (`kernels.exact_quotient`: a ValueError, or an InvalidArgumentError at run time); `unit` names it in the message.
+    """
+    return tuple(kernels.exact_quotient(
+        images.shape[axis] if images.shape[axis] is not None else ops.shape(images)[axis], patch,
+        f"Image {side} {{}} is not divisible by the {unit} {patch}. Expected a multiple of {patch}.")
+        for axis, side, patch in ((1, "height", patch_size[0]), (2, "width", patch_size[1])))
+
+
+def extract_patches(images, patch_size: tuple[int, int]):
+    """(B, H, W, C) -> (B, H/ph * W/pw, ph * pw * C), patches in row-major order.
+
+    Each patch is flattened in (row, column, channel) order: the order of a Conv2D
+    kernel of shape (ph, pw, C, D) reshaped to (ph * pw * C, D).
+    """
+    (ph, pw), channels = patch_size, images.shape[-1]
+    gh, gw = patch_grid(images, patch_size)
+    x = ops.reshape(images, (-1, gh, ph, gw, pw, channels))
+    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+    return ops.reshape(x, (-1, gh * gw, ph * pw * channels))
+
+
+def _check_divisible(shape, patch_size: tuple[int, int], layer_name: str) -> tuple[int | None, int | None]:
+    """Returns the patch grid of a (B, H, W, C) shape (None for a side of any size), or raises a ValueError."""
+    if len(shape) != 4:
+        raise ValueError(f"{layer_name} expects images of shape (batch, height, width, channels). "
+                         f"Received shape: {tuple(shape)}")
+    for size, patch, axis in ((shape[1], patch_size[0], "height"), (shape[2], patch_size[1], "width")):
+        if size is not None and size % patch:
+            raise ValueError(f"Image {axis} {size} is not divisible by the patch size {patch}. "
+                             f"Expected a multiple of {patch}.")
+    return tuple(None if size is None else size // patch for size, patch in zip(shape[1:3], patch_size))
+
+
+@_register
+class Patches(keras.layers.Layer):
+    """Splits images into flattened, non-overlapping patches.
+
+    Args:
+        patch_size: int or (int, int). Patch height and width.
+
+    Call arguments:
+        images: (batch, height, width, channels); height and width divisible by the patch size.
+
+    Returns:
+        (batch, num_patches, patch_height * patch_width * channels), patches in row-major
+        order, each flattened in (row, column, channel) order.
+    """
+
+    def __init__(self, patch_size: int | Sequence[int], **kwargs):
+        super().__init__(**kwargs)
+        self.patch_size = to_pair(patch_size, "patch_size")
+
+    def build(self, input_shape):
+        _check_divisible(input_shape, self.patch_size, "Patches")
+
+    def call(self, images):
+        return extract_patches(images, self.patch_size)
+
+    def compute_output_shape(self, input_shape):
+        gh, gw = _check_divisible(input_shape, self.patch_size, "Patches")
+        ph, pw = self.patch_size
+        return (input_shape[0], None if gh is None or gw is None else gh * gw, ph * pw * input_shape[3])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"patch_size": self.patch_size})
+        return config
+
+
+@_register
+class PatchEncoder(keras.layers.Layer):
+    """Linear projection of image patches to `hidden_dim`-dimensional tokens.
+
+    The same map as the original's patch-embedding convolution (kernel = stride = patch
+    size, VALID padding, with bias); the kernel is stored in that Conv2D layout,
+    (patch_h, patch_w, channels, hidden_dim), as the checkpoints store it. With patch
+    size 1 it projects each position of a feature map (hybrid models).
+
+    Args:
+        hidden_dim: int. Token width D.
+        patch_size: int or (int, int). Patch height and width.
+        kernel_initializer: initializer of the kernel. Defaults to `"lecun_normal"` (Flax's default).
+        bias_initializer: initializer of the bias. Defaults to `"zeros"`.
+        use_bias: bool. Add the bias (`False`: CLIP's projection, which has none). Defaults to `True`.
+
+    Call arguments:
+        images: (batch, height, width, channels); height and width multiples of the patch size, static or
+            known only at run time.
+
+    Returns:
+        (batch, num_patches, hidden_dim).
+    """
+
+    def __init__(self, hidden_dim: int, patch_size: int | Sequence[int], kernel_initializer="lecun_normal",
+                 bias_initializer="zeros", use_bias: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_dim = hidden_dim
+        self.patch_size = to_pair(patch_size, "patch_size")
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def build(self, input_shape):
+        _check_divisible(input_shape, self.patch_size, "PatchEncoder")
+        channels = input_shape[-1]
+        self.kernel = self.add_weight(name="kernel", shape=(*self.patch_size, channels, self.hidden_dim),
+                                      initializer=self.kernel_initializer)
+        self.bias = self.add_weight(name="bias", shape=(self.hidden_dim,), initializer=self.bias_initializer) \
+            if self.use_bias else None
+
+    def call(self, images):
+        patches = extract_patches(images, self.patch_size)
+        tokens = ops.matmul(patches, ops.reshape(self.kernel, (-1, self.hidden_dim)))
+        return tokens + self.bias if self.use_bias else tokens
+
+    def compute_output_shape(self, input_shape):
+        gh, gw = _check_divisible(input_shape, self.patch_size, "PatchEncoder")
+        return (input_shape[0], None if gh is None or gw is None else gh * gw, self.hidden_dim)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "hidden_dim": self.hidden_dim,
+            "patch_size": self.patch_size,
+            "use_bias": self.use_bias,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+        })
+        return config
+
+
+@_register
+class ClassToken(keras.layers.Layer):
+    """Prepends a learned class token (weight `cls`, zeros at init) to a token sequence.
+
+    Call arguments:
+        tokens: (batch, num_tokens, hidden_dim).
+
+    Returns:
+        (batch, num_tokens + 1, hidden_dim).
+    """
+
+    def build(self, input_shape):
+        self.cls = self.add_weight(name="cls", shape=(1, 1, input_shape[-1]), initializer="zeros")
+
+    def call(self, tokens):
+        batch = ops.shape(tokens)[0]
+        cls = ops.cast(ops.broadcast_to(self.cls, (batch, 1, tokens.shape[-1])), tokens.dtype)
+        return ops.concatenate([cls, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        num_tokens = None if input_shape[1] is None else input_shape[1] + 1
+        return (input_shape[0], num_tokens, input_shape[2])
+
+
+@_register
+class RegisterTokens(keras.layers.Layer):
+    """Inserts `num_tokens` learned register tokens (weight `registers`, zeros at init; Darcet et al. 2024,
+    "Vision Transformers Need Registers") into a token sequence at index `position`: after the class
+    token (`position=1`) or in front (`0`). They take no position embedding.
+
+    Args:
+        num_tokens: int. Number of registers (DINOv2: 4).
+        position: int. Index of the first register in the output. Defaults to `0`.
+
+    Call arguments:
+        tokens: (batch, num_tokens_in, hidden_dim).
+
+    Returns:
+        (batch, num_tokens_in + num_tokens, hidden_dim).
+    """
+
+    def __init__(self, num_tokens: int, position: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        if num_tokens < 1 or position < 0:
+            raise ValueError(f"RegisterTokens needs num_tokens >= 1 and position >= 0. Received: "
+                             f"num_tokens={num_tokens}, position={position}")
+        self.num_tokens = num_tokens
+        self.position = position
+
+    def build(self, input_shape):
+        self.registers = self.add_weight(name="registers", shape=(1, self.num_tokens, input_shape[-1]),
+                                         initializer="zeros")
+
+    def call(self, tokens):
+        registers = ops.broadcast_to(self.registers, (ops.shape(tokens)[0], self.num_tokens, tokens.shape[-1]))
+        registers = ops.cast(registers, tokens.dtype)
+        return ops.concatenate([tokens[:, :self.position], registers, tokens[:, self.position:]], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        num_tokens = None if input_shape[1] is None else input_shape[1] + self.num_tokens
+        return (input_shape[0], num_tokens, input_shape[2])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"num_tokens": self.num_tokens, "position": self.position})
+        return config
+
+
+def sincos_2d_position_embedding(grid_size: tuple[int, int], width: int,
+                                 temperature: float = 10_000.0) -> np.ndarray:
+    """Fixed 2-D sine-cosine embedding of a grid, (gh * gw, width), as in big_vision."""
+    if width % 4:
+        raise ValueError(f"sincos_2d position embeddings need a hidden size divisible by 4. Received: {width}")
+    y, x = np.mgrid[: grid_size[0], : grid_size[1]]
+    quarter = width // 4
+    omega = 1.0 / temperature ** (np.arange(quarter) / max(quarter - 1, 1))
+    y = np.einsum("m,d->md", y.flatten(), omega)
+    x = np.einsum("m,d->md", x.flatten(), omega)
+    return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype("float32")
+
+
+def zoom_axis(x, axis: int, size):
+    """`x` resized along `axis` to `size` entries by corner-aligned linear interpolation: `keras.ops` twin of
+    `checkpoints.npz._zoom_axis` (`scipy.ndimage.zoom`, order 1). `size` may be a scalar tensor.
+
+    Output index o samples input coordinate o * (n - 1) / (size - 1) (0 when size is 1); the coordinate's
+    integer part and fraction are computed in integers, so the only rounding is the fraction's and the blend's.
+    """
+    length = x.shape[axis]
+    scaled = ops.arange(size) * (length - 1)  # o * (n - 1), over the denominator below
+    denominator = ops.maximum(size - 1, 1)
+    low = scaled // denominator
+    high = ops.minimum(low + 1, length - 1)
+    fraction = ops.cast(scaled - low * denominator, x.dtype) / ops.cast(denominator, x.dtype)
+    fraction = ops.reshape(fraction, [-1 if i == axis else 1 for i in range(len(x.shape))])
+    return ops.take(x, low, axis=axis) * (1.0 - fraction) + ops.take(x, high, axis=axis) * fraction
+
+
+def sincos_2d_grid(grid_size, width: int, temperature: float = 10_000.0):
+    """`sincos_2d_position_embedding` in `keras.ops` (float32), for a grid whose sides may be scalar tensors."""
+    rows, columns = grid_size
+    quarter = width // 4
+    omega = ops.convert_to_tensor(1.0 / temperature ** (np.arange(quarter) / max(quarter - 1, 1)), "float32")
+    y, x = ops.meshgrid(ops.arange(rows, dtype="float32"), ops.arange(columns, dtype="float32"), indexing="ij")
+    y, x = ops.reshape(y, (-1, 1)) * omega, ops.reshape(x, (-1, 1)) * omega
+    return ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=1)
+
+
+@_register
+class PositionEmbedding(keras.layers.Layer):
+    """Adds position embeddings to a token sequence (prefix tokens first, then the patch grid).
+
+    The original ViT adds its embedding *after* the class token is prepended, so the
+    learned table has a row for each prefix token (paper Eq. 1).
+
+    With `patch_stride`, the layer serves a model that takes images of any size: `call` is given the images
+    too, and the table stored for `grid_size` is fitted to their grid (height / stride, width / stride) as
+    the original loader fits a checkpoint to a new resolution (`checkpoints.npz.resample_position_embedding`):
+    `"learned"` grid rows resampled bilinearly (corner-aligned, `scipy.ndimage.zoom` order 1; prefix rows kept),
+    `"learned_2d"` row and column embeddings resampled the same way (the same as resampling their 2-D
+    table), `"sincos_2d"` recomputed for the grid. On the stored grid the table is used as it is.
+
+    Args:
+        grid_size: (int, int). Patch grid (rows, columns) of the sequence; with `patch_stride`, the grid the
+            table is stored for (the checkpoint's).
+        num_prefix_tokens: int. Tokens before the grid (1 with a class token). Defaults to `1`.
+        kind: str. `"learned"` (one learned row per token; weight `pos_embedding`,
+            the checkpoints' layout), `"learned_2d"` (learned row and column
+            embeddings of width D/2, concatenated; paper App. D.4), `"sincos_2d"` (fixed
+            sine-cosine, zero for prefix tokens) or `"none"`. Defaults to `"learned"`.
+        patch_stride: optional int or (int, int). Pixels per patch of the images given to `call` (the
+            model's total stride). Defaults to `None`: the tokens are always on `grid_size`.
+
+    Call arguments:
+        tokens: (batch, num_prefix_tokens + rows * columns, hidden_dim).
+        images: with `patch_stride`, the (batch, height, width, channels) images the tokens come from, height
+            and width multiples of the stride. Defaults to `None`: the tokens are on `grid_size`.
+    """
+
+    def __init__(self, grid_size: Sequence[int], num_prefix_tokens: int = 1, kind: str = "learned",
+                 patch_stride: int | Sequence[int] | None = None, **kwargs):
+        super().__init__(**kwargs)
+        if kind not in POSITION_EMBEDDINGS:
+            raise ValueError(f"Unknown position embedding {kind!r}. Expected one of {POSITION_EMBEDDINGS}.")
+        if num_prefix_tokens < 0:
+            raise ValueError(f"`num_prefix_tokens` must be >= 0. Received: {num_prefix_tokens}")
+        self.grid_size = to_pair(grid_size, "grid_size")
+        self.num_prefix_tokens = num_prefix_tokens
+        self.kind = kind
+        self.patch_stride = None if patch_stride is None else to_pair(patch_stride, "patch_stride")
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        if input_shape[1] is not None and input_shape[1] != self.num_tokens:
+            raise ValueError(
+                f"PositionEmbedding expects {self.num_tokens} tokens ({self.num_prefix_tokens} prefix + "
+                f"{self.grid_size[0]}x{self.grid_size[1]} grid). Received shape: {tuple(input_shape)}")
+        width = input_shape[-1]
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        if self.kind == "learned":
+            self.pos_embedding = self.add_weight(name="pos_embedding", shape=(1, self.num_tokens, width),
+                                                 initializer=init)
+        elif self.kind == "learned_2d":
+            if width % 2:
+                raise ValueError(f"learned_2d position embeddings need an even hidden size. Received: {width}")
+            self.row_embedding = self.add_weight(name="row_embedding", shape=(self.grid_size[0], width // 2),
+                                                 initializer=init)
+            self.column_embedding = self.add_weight(name="column_embedding",
+                                                    shape=(self.grid_size[1], width // 2), initializer=init)
+            if self.num_prefix_tokens:
+                self.prefix_embedding = self.add_weight(name="prefix_embedding",
+                                                        shape=(self.num_prefix_tokens, width), initializer=init)
+        elif self.kind == "sincos_2d":
+            grid = sincos_2d_position_embedding(self.grid_size, width)
+            prefix = np.zeros((self.num_prefix_tokens, width), "float32")
+            self.sincos_table = np.concatenate([prefix, grid])[None]
+
+    def embedding(self, grid_size=None):
+        """The (1, num_prefix_tokens + rows * columns, hidden_dim) table added to tokens on the grid `grid_size`
+        ((rows, columns), ints or scalar tensors; defaults to the stored grid), or None for `"none"`."""
+        rows, columns = grid = self.grid_size if grid_size is None else tuple(grid_size)
+        stored = all(isinstance(side, int) for side in grid) and grid == self.grid_size
+        if self.kind == "learned":
+            if stored:
+                return self.pos_embedding
+            prefix = self.pos_embedding[:, :self.num_prefix_tokens]
+            table = ops.reshape(self.pos_embedding[0, self.num_prefix_tokens:], (*self.grid_size, -1))
+            table = zoom_axis(zoom_axis(table, 0, rows), 1, columns)
+            return ops.concatenate([prefix, ops.reshape(table, (1, -1, table.shape[-1]))], axis=1)
+        if self.kind == "sincos_2d":
+            if stored:
+                return ops.convert_to_tensor(self.sincos_table)
+            width = self.sincos_table.shape[-1]
+            table = sincos_2d_grid(grid, width)
+            return ops.concatenate([ops.zeros((self.num_prefix_tokens, width)), table], axis=0)[None]
+        if self.kind == "learned_2d":
+            row_embedding = self.row_embedding if stored else zoom_axis(self.row_embedding, 0, rows)
+            column_embedding = self.column_embedding if stored else zoom_axis(self.column_embedding, 0, columns)
+            half = row_embedding.shape[-1]
+            row = ops.broadcast_to(row_embedding[:, None, :], (rows, columns, half))
+            column = ops.broadcast_to(column_embedding[None, :, :], (rows, columns, half))
+            table = ops.reshape(ops.concatenate([row, column], axis=-1), (-1, 2 * half))
+            if self.num_prefix_tokens:
+                table = ops.concatenate([self.prefix_embedding, table], axis=0)
+            return table[None]
+        return None
+
+    def call(self, tokens, images=None):
+        grid = None
+        if images is not None:
+            if self.patch_stride is None:
+                raise ValueError("PositionEmbedding was given images but has no `patch_stride` to find their patch "
+                                 "grid. Build it with patch_stride=<the model's stride>.")
+            grid = patch_grid(images, self.patch_stride, unit="patch stride")
+        table = self.embedding(grid)
+        return tokens if table is None else tokens + ops.cast(table, tokens.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"grid_size": self.grid_size, "num_prefix_tokens": self.num_prefix_tokens,
+                       "kind": self.kind, "patch_stride": self.patch_stride})
+        return config
+
+
+@_register
+class TokenPooling(keras.layers.Layer):
+    """Pools a token sequence to one vector: `"token"` takes row 0 (the class token), `"distillation"` row 1
+    (DeiT's distillation token),
+    `"avg"` averages the rows after the first `num_prefix_tokens` (all rows by default: the original's
+    `"gap"` classifier; the patch tokens only with `num_prefix_tokens`, as timm's `global_pool="avg"`).
+
+    Args:
+        method: str. `"token"`, `"avg"` or `"distillation"`.
+        num_prefix_tokens: int. Rows `"avg"` leaves out (class and register tokens). Defaults to `0`.
+    """
+
+    def __init__(self, method: str, num_prefix_tokens: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        if method not in (*POOLINGS, "distillation"):
+            raise ValueError(f"Unknown pooling {method!r}. Expected one of {POOLINGS} (or 'distillation').")
+        self.method = method
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def call(self, tokens):
+        if self.method in ("token", "distillation"):
+            return tokens[:, 0 if self.method == "token" else 1]
+        return ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[2])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"method": self.method, "num_prefix_tokens": self.num_prefix_tokens})
+        return config
