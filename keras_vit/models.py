@@ -266,7 +266,8 @@ def VisionTransformer(
         patch_size, hidden_dim, mlp_dim, num_heads, num_layers: the architecture
             (patch size on the image, or on the ResNet feature map for hybrids). With `weights=` an `.npz`
             or `.safetensors` file, those not given (and the family options left at their defaults) are
-            read from the file's keys; timm and Hugging Face files do not store `num_heads`.
+            read from the file's keys (the classifier too, when left `None`). timm and Hugging Face files do not
+            store `num_heads`: give it, or (Hugging Face) keep the `config.json` beside the file.
         resnet_stages: optional units per ResNet stage, e.g. (3, 4, 9), for a hybrid model.
         Other arguments: as the variant builders (`help(keras_vit.ViTB16)`); `weights`
             defaults to `None` here.
