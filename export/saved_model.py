@@ -24,7 +24,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import keras_vit
 from keras_vit import image_io
 
 from . import model_io, serving
