@@ -69,6 +69,13 @@ class TokenGrid(keras.layers.Layer):
         return config
 
 
+def num_prefix_tokens(model: keras.Model) -> int:
+    """The tokens before the patch grid in a keras_vit model's sequence: its class, distillation and register
+    tokens, as its layers insert them (whether or not the position embedding covers them)."""
+    return sum(layer.num_tokens if isinstance(layer, vit_layers.RegisterTokens) else 1 for layer in model.layers
+               if isinstance(layer, (vit_layers.ClassToken, vit_layers.RegisterTokens)))
+
+
 def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, output: str = "nhwc",
                    norm: bool = False) -> keras.Model:
     """The model's per-block features, sharing its layers and weights.
@@ -100,9 +107,7 @@ def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, o
                          "does not have (fc_norm=True models normalize after pooling).")
     position = model.get_layer("posembed_input")
     grid, stride = position.grid_size, position.patch_stride
-    # Tokens before the grid: the class, distillation and register tokens, as the model's layers insert them.
-    prefix = sum(layer.num_tokens if isinstance(layer, vit_layers.RegisterTokens) else 1 for layer in model.layers
-                 if isinstance(layer, (vit_layers.ClassToken, vit_layers.RegisterTokens)))
+    prefix = num_prefix_tokens(model)
     outputs = {}
     for index in chosen:
         tokens = block_layers[index].output

@@ -24,6 +24,7 @@ from typing import Iterator, Sequence
 import keras
 import numpy as np
 
+from keras_vit import features
 from keras_vit import layers as vit_layers
 from keras_vit import models as vit_models
 
@@ -44,16 +45,17 @@ def _find_layer(model: keras.Model, layer_type: type) -> keras.layers.Layer:
 def token_layout(model: keras.Model) -> tuple[tuple[int, int], int, tuple[int, int]]:
     """Returns `(grid_size, num_prefix_tokens, stride)` of a keras_vit model.
 
-    `grid_size` is the (rows, columns) patch grid, `num_prefix_tokens` is 1 with a class
-    token and 0 for `classifier="gap"`, `stride` the (height, width) in pixels of the input
-    covered by one token (patch size times the ResNet stem's stride for hybrids).
+    `grid_size` is the (rows, columns) patch grid, `num_prefix_tokens` the tokens before it (class,
+    distillation and register tokens: 1 with a class token alone, 0 for `classifier="gap"`), `stride` the
+    (height, width) in pixels of the input covered by one token (patch size times the ResNet stem's stride
+    for hybrids).
     """
     position = _find_layer(model, vit_layers.PositionEmbedding)
     if position.patch_stride is not None:
         raise ValueError(f"keras_vit.inspect needs a model of a fixed input size, but model {model.name!r} takes any "
                          "size: build it at your images' size, input_shape=(height, width, 3), from the same weights.")
     (rows, columns), (height, width) = position.grid_size, model.inputs[0].shape[1:3]
-    return (rows, columns), position.num_prefix_tokens, (height // rows, width // columns)
+    return (rows, columns), features.num_prefix_tokens(model), (height // rows, width // columns)
 
 
 def _as_batch(model: keras.Model, images) -> np.ndarray:
@@ -105,16 +107,18 @@ def rollout(attentions: Sequence[np.ndarray]) -> np.ndarray:
     return joint
 
 
-def rollout_map(joint: np.ndarray, grid_size: tuple[int, int], num_prefix_tokens: int) -> np.ndarray:
+def rollout_map(joint: np.ndarray, grid_size: tuple[int, int], num_prefix_tokens: int,
+                class_token: bool | None = None) -> np.ndarray:
     """The (batch, rows, columns) map of a rolled-out attention matrix.
 
-    With a class token it is the class token's row over the patch columns: how much of the
-    pooled representation flows from each patch (its sum is below 1, the rest stays on the
-    class token). Without one (`classifier="gap"`, whose output averages all tokens) it is
-    the mean of all rows, which sums to 1.
+    With a class token (row 0; by default, whenever there are prefix tokens) it is the class token's row
+    over the patch columns: how much of the pooled representation flows from each patch (its sum is below
+    1, the rest stays on the prefix tokens). Without one (`classifier="gap"` or `"map"`, whose output pools
+    all tokens) it is the mean of all rows.
     """
     patches = joint[:, :, num_prefix_tokens:]
-    flows = patches[:, 0] if num_prefix_tokens else patches.mean(axis=1)
+    class_token = bool(num_prefix_tokens) if class_token is None else class_token
+    flows = patches[:, 0] if class_token else patches.mean(axis=1)
     return flows.reshape(-1, *grid_size)
 
 
@@ -127,7 +131,8 @@ def attention_rollout(model: keras.Model, images, batch_size: int = 32) -> np.nd
         batch_size: int. Images per forward pass. Defaults to `32`.
     """
     grid_size, prefix, _ = token_layout(model)
-    maps = [rollout_map(rollout(attentions), grid_size, prefix)
+    class_token = any(isinstance(layer, vit_layers.ClassToken) for layer in model.layers)
+    maps = [rollout_map(rollout(attentions), grid_size, prefix, class_token)
             for attentions in _attention_batches(model, images, batch_size)]
     return np.concatenate(maps)
 

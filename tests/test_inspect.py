@@ -90,6 +90,27 @@ def test_attention_rollout_on_rectangular_token_and_gap_models():
     np.testing.assert_allclose(gap.sum(axis=(1, 2)), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize("options, prefix, class_token", [
+    (dict(num_register_tokens=4, no_embed_class=True), 5, True),  # DINOv2: class token after the table, registers
+    (dict(num_register_tokens=2, classifier="map"), 2, False),    # registers, no class token, attention pooling
+    (dict(distillation_token=True), 2, True),                      # DeiT distilled
+], ids=["dinov2_registers", "map_registers", "deit_distilled"])
+def test_rollout_and_distance_skip_every_prefix_token(options, prefix, class_token):
+    model = tiny_model(**options)
+    images = random_images()
+    assert vit_inspect.token_layout(model)[1] == prefix
+    joint = None  # the rollout, written out here: mean over heads, plus the residual, rows normalized, multiplied
+    for attention in keras_vit.attention_model(model)(images)["attention"]:
+        mixed = np.asarray(attention, np.float64).mean(axis=1) + np.eye(attention.shape[-1])
+        mixed /= mixed.sum(axis=-1, keepdims=True)
+        joint = mixed if joint is None else mixed @ joint
+    patches = joint[:, :, prefix:]
+    expected = (patches[:, 0] if class_token else patches.mean(axis=1)).reshape(2, 4, 6)
+    np.testing.assert_allclose(vit_inspect.attention_rollout(model, images), expected, rtol=1e-5, atol=1e-7)
+    distances = vit_inspect.mean_attention_distance(model, images)
+    assert distances.shape == (2, 3) and np.all(distances > 0)
+
+
 def test_hybrid_layout_rollout_and_no_filters():
     model = tiny_model(patch_size=1, resnet_stages=(1,), num_layers=1)
     assert vit_inspect.token_layout(model) == ((8, 12), 1, (4, 4))
