@@ -18,14 +18,16 @@ from keras_vit.models import ViTModel
 
 SHOTS = (1, 5, 10, 25)
 
-FEATURE_LAYERS = ("pre_logits", "pool")
+# The head's input, last layer first: the pre-logits layer, the norm after pooling (`fc_norm=True`), the
+# attention pooling (`classifier="map"`), the token pooling.
+FEATURE_LAYERS = ("pre_logits", "fc_norm", "MAPHead_0", "pool")
 
 
 def feature_extractor(model: keras.Model) -> keras.Model:
     """A model (sharing `model`'s weights) that returns its pre-logit features.
 
-    That is the output of the `pre_logits` layer if the model has one, else of its pooling
-    layer `pool`: the features `include_top=False` with pooling would give.
+    That is the output of the first of `FEATURE_LAYERS` the model has: the features `include_top=False` with
+    pooling would give.
     """
     names = {layer.name for layer in model.layers}
     for name in FEATURE_LAYERS:

@@ -234,10 +234,18 @@ def test_sample_few_shot():
         fewshot.sample_few_shot(labels, 3)
 
 
-def test_feature_extractor_takes_pre_logits_else_pool():
+def test_feature_extractor_takes_the_heads_input():
     with_pre_logits = fewshot.feature_extractor(tiny_model(representation_size=24))
     assert with_pre_logits.output.shape == (None, 24)
     assert fewshot.feature_extractor(tiny_model()).output.shape == (None, 48)
+    images = random_images()
+    for options, layer in ((dict(fc_norm=True, num_register_tokens=2), "fc_norm"),
+                           (dict(classifier="map"), "MAPHead_0")):
+        model = tiny_model(**options)
+        head_input = keras.Model(model.inputs, model.get_layer("head").input)  # what the head sees, after fc_norm
+        extractor = fewshot.feature_extractor(model)
+        assert extractor.layers[-1].name == layer
+        np.testing.assert_array_equal(np.asarray(extractor(images)), np.asarray(head_input(images)))
     with pytest.raises(ValueError, match="none of the layers"):
         fewshot.feature_extractor(tiny_model(include_top=False))
 
