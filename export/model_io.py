@@ -48,8 +48,9 @@ def logits_model(model: keras.Model) -> keras.Model:
         names = {layer.name for layer in model.layers}
         head = model.get_layer("head_average" if "head_average" in names else "head")
     except ValueError:
+        last_layers = [layer.name for layer in model.layers][-4:]
         raise ValueError(f"Expected a keras_vit classifier with a `head` layer (include_top=True). Model "
-                         f"{model.name!r} has layers {[layer.name for layer in model.layers][-4:]} at its end.") from None
+                         f"{model.name!r} has layers {last_layers} at its end.") from None
     last = model.layers[-1]
     if last is not head:
         activation = getattr(last, "activation", None)

@@ -22,8 +22,8 @@ else:
     from keras_vit.checkpoints.registry import Checkpoint, list_weights
     from keras_vit.features import TokenGrid, features_model
     from keras_vit.imagenet import decode_predictions, preprocess_input
-    from keras_vit.layers import (ClassToken, LayerNorm, LayerScale, MAPHead, MlpBlock,
-                                  MultiHeadDotProductAttention, PatchEncoder, Patches, PositionEmbedding, RegisterTokens, StochasticDepth,
+    from keras_vit.layers import (ClassToken, LayerNorm, LayerScale, MAPHead, MlpBlock, MultiHeadDotProductAttention,
+                                  PatchEncoder, Patches, PositionEmbedding, RegisterTokens, StochasticDepth,
                                   TokenPooling, TransformerBlock)
     from keras_vit.masked import (MaskedPatchHead, MaskedPatchModel, PatchCorruption, PatchTargets,
                                   PatchTokens, masked_patch_loss, masked_patch_model, patch_targets,
