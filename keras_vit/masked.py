@@ -24,6 +24,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit import features
 from keras_vit import layers as vit_layers
 from keras_vit.models import CpuKernelSteps
 
@@ -307,7 +308,7 @@ def masked_patch_accuracy(targets, predictions, mask):
 
 @_register
 class PatchTokens(keras.layers.Layer):
-    """Drops the `num_prefix_tokens` leading (class) tokens: (batch, P + N, D) -> (batch, N, D)."""
+    """Drops the `num_prefix_tokens` leading (class, distillation, register) tokens: (batch, P + N, D) -> (batch, N, D)."""
 
     def __init__(self, num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)
@@ -451,7 +452,7 @@ def masked_patch_model(model_or_builder_kwargs: keras.Model | dict[str, Any], ta
         x = layer(x)
         if layer.name == "embedding":
             x, mask = PatchCorruption(corruption_rate, mask_rate, random_rate, seed, name="corruption")(x)
-    x = PatchTokens(1 if "cls" in names else 0, name="patch_tokens")(x)
+    x = PatchTokens(features.num_prefix_tokens(model), name="patch_tokens")(x)  # class, distillation, registers
     predictions = MaskedPatchHead(target, num_target_classes(channels, bits),
                                   patch_size[0] * patch_size[1] * channels, name="masked_patch_head")(x)
     targets = PatchTargets(patch_size, target, bits, value_range, name="targets")(image)

@@ -334,3 +334,16 @@ def test_masked_digits_few_shot_matches_ridge_reference():
     for k in (1, 5):
         expected = [ridge_few_shot_accuracy(train_features, train_y, test_features, test_y, k, seed) for seed in (0, 1)]
         np.testing.assert_allclose(results[k], (np.mean(expected), np.std(expected)), atol=1e-12)
+
+
+@pytest.mark.parametrize("options, prefix", [
+    (dict(num_register_tokens=2, no_embed_class=True, layer_scale_init=1e-5), 3),  # DINOv2: class + 2 registers
+    (dict(distillation_token=True), 2),                                             # DeiT distilled
+    (dict(classifier="map"), 0),                                                    # SigLIP: no prefix token
+], ids=["dinov2_registers", "deit_distilled", "map"])
+def test_masked_patch_model_predicts_the_patch_tokens_of_the_vit_family(options, prefix):
+    model = masked.masked_patch_model(dict(TINY_VIT, input_shape=(32, 32, 3), **options), seed=0)
+    assert model.network.get_layer("encoder_norm").output.shape[1] == prefix + 16  # a 4x4 grid and the prefix
+    assert model.network.get_layer("patch_tokens").num_prefix_tokens == prefix
+    outputs = model(_images(2))
+    assert outputs["predictions"].shape[:2] == outputs["targets"].shape == (2, 16)  # one prediction per patch
