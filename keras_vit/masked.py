@@ -308,7 +308,8 @@ def masked_patch_accuracy(targets, predictions, mask):
 
 @_register
 class PatchTokens(keras.layers.Layer):
-    """Drops the `num_prefix_tokens` leading (class, distillation, register) tokens: (batch, P + N, D) -> (batch, N, D)."""
+    """Drops the `num_prefix_tokens` leading (class, distillation, register) tokens:
+    (batch, P + N, D) -> (batch, N, D)."""
 
     def __init__(self, num_prefix_tokens: int = 1, **kwargs):
         super().__init__(**kwargs)
