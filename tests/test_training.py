@@ -554,3 +554,9 @@ def test_worker_index_is_unique_per_process(monkeypatch, tf_config, expected):
         monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
     assert distribute.worker_index() == expected
     assert distribute.is_chief() == (expected == 0)
+
+
+@pytest.mark.parametrize("classifier, pooling", [("token", "token"), ("gap", "avg"), ("map", "map")])
+def test_finetune_backbone_pools_as_its_classifier(classifier, pooling):
+    config = configs.apply_overrides(configs.get_config("digits"), [f"classifier={classifier}", "weights=w.npz"])
+    assert supervised.FINETUNE.backbone(config, 10) == dict(include_top=False, pooling=pooling)

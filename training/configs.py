@@ -31,7 +31,7 @@ class Config:
     mlp_dim: int = 3072
     num_heads: int = 12
     num_layers: int = 12
-    classifier: str = "token"  # "token" or "gap".
+    classifier: str = "token"  # "token", "gap" or "map" (attention pooling).
     representation_size: int = 768  # Pre-logits Dense + tanh width; 0 for none.
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.0

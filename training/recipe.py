@@ -48,8 +48,9 @@ class Recipe:
 
 
 def pooling(config: Config) -> str:
-    """The `pooling` of a backbone without head: the class token, or the average for `classifier="gap"`."""
-    return "token" if config.classifier == "token" else "avg"
+    """The `pooling` of a backbone without head: the class token, the attention pooling of `classifier="map"`,
+    or the average for `classifier="gap"`."""
+    return {"token": "token", "map": "map"}.get(config.classifier, "avg")
 
 
 def _explicit_architecture(config: Config) -> dict:
