@@ -405,10 +405,13 @@ def test_tools_build_a_variant_with_the_head_of_its_weights(tmp_path):
         keras_vit.models.load_or_build(variant="Ti/16", weights=path, input_shape=(32, 32, 3), classes=10)
 
 
-def test_converter_rejects_wrong_variant(vit_file, tmp_path):
-    with pytest.raises(ValueError, match=r"checkpoint: hidden size 48, 2 encoder blocks; "
-                                         r"model: hidden size 192, 12 encoder blocks"):
+def test_converter_rejects_wrong_variant(vit_file, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
         convert.main([vit_file[0], str(tmp_path / "x.weights.h5"), "--variant", "Ti/16"])
+    assert exited.value.code == 1 and not (tmp_path / "x.weights.h5").exists()
+    error = capsys.readouterr().err
+    assert error.startswith("keras-vit-convert: error: ") and "Traceback" not in error
+    assert "checkpoint: hidden size 48, 2 encoder blocks; model: hidden size 192, 12 encoder blocks" in error
 
 
 @pytest.mark.slow

@@ -56,10 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"output must end in .weights.h5 or .keras. Received: {args.output!r}")
     if args.num_heads and not args.checkpoint.endswith(".safetensors"):
         parser.error("--num-heads is for .safetensors files; an .npz checkpoint stores its heads.")
-    model, difference = convert.convert_checkpoint(
-        args.checkpoint, args.output, variant=args.variant, num_heads=args.num_heads, image_size=image_size,
-        layer_norm_epsilon=args.layer_norm_epsilon, gelu_approximate=args.gelu_approximate,
-        activation=args.activation)
+    try:
+        model, difference = convert.convert_checkpoint(
+            args.checkpoint, args.output, variant=args.variant, num_heads=args.num_heads, image_size=image_size,
+            layer_norm_epsilon=args.layer_norm_epsilon, gelu_approximate=args.gelu_approximate,
+            activation=args.activation)
+    except ValueError as error:  # a file that does not fit, or contradicting options: the message, no traceback
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     height, width = model.inputs[0].shape[1:3]
     print(f"Wrote {args.output} ({model.count_params():,} parameters, input {height}x{width}, "
           f"output {model.outputs[0].shape[-1]}).")
