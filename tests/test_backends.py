@@ -17,7 +17,7 @@ import keras_vit
 import keras_vit.fewshot
 from keras_vit import inspect as vit_inspect
 from tests.testing import (TINY_HYBRID, TINY_VIT, hf_state_dict, save_checkpoint, save_safetensors,
-                           timm_state_dict, vit_checkpoint)
+                           timm_family_state_dict, timm_state_dict, vit_checkpoint)
 
 BACKENDS = ("jax", "torch")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +33,12 @@ CASES = [
     ("timm", "timm.safetensors", dict(TINY_VIT, input_shape=(32, 32, 3), include_preprocessing=False, **LOGITS),
      "square_unit"),
     ("hugging_face", "hf.safetensors",
+     dict(TINY_VIT, input_shape=(40, 56, 3), include_preprocessing=False, **LOGITS), "rectangle_unit"),
+    # The ViT family: SigLIP's attention pooling (cross-attention, no class token, no patch bias) and DINOv2's
+    # registers and layer scale, the options read from the files.
+    ("timm_siglip", "siglip.safetensors",
+     dict(TINY_VIT, input_shape=(32, 32, 3), include_preprocessing=False, **LOGITS), "square_unit"),
+    ("timm_dinov2_registers", "dinov2.safetensors",
      dict(TINY_VIT, input_shape=(40, 56, 3), include_preprocessing=False, **LOGITS), "rectangle_unit"),
 ]
 TRAIN = dict(TINY_VIT, input_shape=(32, 32, 3), classes=4)
@@ -51,6 +57,9 @@ def workdir(tmp_path_factory):
     save_checkpoint(path / "hybrid.npz", vit_checkpoint(TINY_HYBRID, seed=4))
     save_safetensors(timm_state_dict(seed=5), path / "timm.safetensors")
     save_safetensors(hf_state_dict(seed=6), path / "hf.safetensors")
+    save_safetensors(timm_family_state_dict(seed=7, map_head=True, patch_bias=False), path / "siglip.safetensors")
+    save_safetensors(timm_family_state_dict(seed=8, registers=4, layer_scale=True, no_embed_class=True),
+                     path / "dinov2.safetensors")
     rng = np.random.default_rng(0)
     images = {"square": rng.uniform(0, 255, (4, 32, 32, 3)).astype("float32"),
               "rectangle": rng.uniform(0, 255, (4, 40, 56, 3)).astype("float32")}
