@@ -113,11 +113,10 @@ def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, o
         tokens = block_layers[index].output
         if norm:
             tokens = model.get_layer("encoder_norm")(tokens)
-        if stride is None:
-            splits = TokenGrid(prefix, grid, output, name=f"grid_{index}")(tokens)
-        else:  # any input size: the grid of each image
-            splitter = TokenGrid(prefix, output=output, patch_stride=stride, name=f"grid_{index}")
-            splits = splitter(tokens, model.inputs[0])
+        # A model of any input size: the grid of each image, from the stride.
+        splitter = TokenGrid(prefix, grid if stride is None else None, output, patch_stride=stride,
+                             name=f"grid_{index}")
+        splits = splitter(tokens) if stride is None else splitter(tokens, model.inputs[0])
         outputs[f"block_{index}_prefix"], outputs[f"block_{index}"] = splits
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
     return keras.Model(inputs, outputs, name=f"{model.name}_features")

@@ -279,8 +279,9 @@ def VisionTransformer(
     family = dict(layer_scale_init=layer_scale_init, qk_norm=qk_norm,
                   num_register_tokens=num_register_tokens, no_embed_class=no_embed_class, norm_pre=norm_pre,
                   fc_norm=fc_norm, distillation_token=distillation_token, patch_bias=patch_bias)
+    checkpoint_size = None  # the square side a checkpoint file's position embedding was trained at
     if _is_checkpoint_file(weights):
-        config, family, classifier = _read_from_file(weights, config, family, classifier)
+        config, family, classifier, checkpoint_size = _read_from_file(weights, config, family, classifier)
     classifier = classifier or "token"
     if family["distillation_token"] and (classifier != "token" or family["num_register_tokens"]
                                          or family["no_embed_class"] or family["fc_norm"]):
@@ -310,7 +311,7 @@ def VisionTransformer(
                        classifier=classifier, representation_size=representation_size,
                        position_embedding=position_embedding, dropout_rate=dropout_rate,
                        attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate, remat=remat,
-                       family=family, grid_size=_grid_size(image_shape, stride, weights, weights_source, config),
+                       family=family, grid_size=_grid_size(image_shape, stride, checkpoint_size, weights_source),
                        **numerics)
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
     model = ViTModel(inputs, outputs, name=name)
@@ -325,18 +326,16 @@ FAMILY_DEFAULTS = dict(layer_scale_init=None, qk_norm=False, num_register_tokens
                        patch_bias=True)
 
 
-def _grid_size(image_shape: tuple, stride: int, weights, weights_source, config: dict[str, Any]) -> tuple[int, int]:
+def _grid_size(image_shape: tuple, stride: int, checkpoint_size: int | None, weights_source) -> tuple[int, int]:
     """The patch grid the position embedding is stored for: the input's; for a model of any input size (a `None`
-    height or width), the checkpoint's, so that its table loads as it is (the default size 224 without one)."""
+    height or width), the checkpoint's (`checkpoint_size` of a file, or the registered checkpoint's), so that its
+    table loads as it is (the default size 224 without one)."""
     height, width = image_shape[:2]
     if height is not None and width is not None:
         return height // stride, width // stride
-    size = 224
-    if _is_checkpoint_file(weights):
-        shapes, _ = checkpoint_shapes(weights)
-        size = read_architecture(shapes, num_heads=config["num_heads"]).get("image_size", size)
-    elif weights_source is not None and weights_source.checkpoint is not None:
-        size = weights_source.checkpoint.image_size
+    if checkpoint_size is None and weights_source is not None and weights_source.checkpoint is not None:
+        checkpoint_size = weights_source.checkpoint.image_size
+    size = checkpoint_size or 224
     return size // stride, size // stride
 
 
@@ -345,10 +344,11 @@ def _is_checkpoint_file(weights) -> bool:
 
 
 def _read_from_file(path: str, config: dict[str, Any], family: dict[str, Any],
-                    classifier: str | None) -> tuple[dict, dict, str]:
-    """The architecture arguments not given, the family options left at their defaults and the classifier
-    (if None), from the checkpoint's keys and shapes (headers only). The number of heads, which the PyTorch
-    layouts do not store, comes from `config` (or the variant table)."""
+                    classifier: str | None) -> tuple[dict, dict, str, int | None]:
+    """The architecture arguments not given, the family options left at their defaults, the classifier (if
+    None) and the square input side of the position embedding (None without one), from the checkpoint's keys
+    and shapes (headers only). The number of heads, which the PyTorch layouts do not store, comes from
+    `config` (or the variant table)."""
     shapes, layout = checkpoint_shapes(path)
     num_heads = config.get("num_heads")
     hf_config = torch_layout.read_hf_config(path) if layout in torch_layout.HF_LAYOUTS else None
@@ -361,7 +361,7 @@ def _read_from_file(path: str, config: dict[str, Any], family: dict[str, Any],
     config = dict({key: found[key] for key in ARCHITECTURE_ARGUMENTS}, **config)
     family = {key: found["options"].get(key, value) if value == FAMILY_DEFAULTS[key] else value
               for key, value in family.items()}
-    return config, family, classifier or found["classifier"]
+    return config, family, classifier or found["classifier"], found.get("image_size")
 
 
 ORIGINAL_NUMERICS = dict(layer_norm_epsilon=vit_layers.LAYER_NORM_EPSILON, gelu_approximate=True, activation="gelu")
@@ -403,11 +403,10 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
         x = vit_layers.ClassToken(name="cls")(x)
     if distilled:  # DeiT: [class, distillation, patches], both with a position
         x = vit_layers.RegisterTokens(1, position=1, name="dist_token")(x)
-    if None in image.shape[1:3]:  # any input size: the table is fitted to each image's grid
-        x = vit_layers.PositionEmbedding(grid_size, embedded_prefix, position_embedding, name="posembed_input",
-                                         patch_stride=variants.total_stride(config))(x, image)
-    else:
-        x = vit_layers.PositionEmbedding(grid_size, embedded_prefix, position_embedding, name="posembed_input")(x)
+    any_size = None in image.shape[1:3]  # then the table is fitted to each image's grid
+    position = vit_layers.PositionEmbedding(grid_size, embedded_prefix, position_embedding, name="posembed_input",
+                                            patch_stride=variants.total_stride(config) if any_size else None)
+    x = position(x, image) if any_size else position(x)
     registers = family["num_register_tokens"]
     if registers:
         x = vit_layers.RegisterTokens(registers, position=embedded_prefix, name="registers")(x)

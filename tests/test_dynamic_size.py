@@ -122,7 +122,7 @@ def test_stored_grid_is_the_checkpoints_else_the_default_size():
     assert model(_images((16, 24), count=1)).shape == (1, 10)
     source = loader.resolve("imagenet", variant="B/16", image_size=(None, None), include_top=True, classes=1000)
     assert source.checkpoint.image_size == 384  # nothing is downloaded before the model is built
-    assert models._grid_size(ANY_SIZE, 16, "imagenet", source, {}) == (24, 24)
+    assert models._grid_size(ANY_SIZE, 16, None, source) == (24, 24)
 
 
 def test_timm_safetensors_checkpoint(tmp_path):

@@ -437,7 +437,9 @@ def weight_sources(layout: str, num_layers: int, prefix: str = "") -> dict[str, 
     """Keras weight path -> the source key that feeds it, for a model of `num_layers` blocks."""
     sources = {}
     for template, targets, _ in _TABLES[layout]:
-        for i in range(num_layers) if "{i}" in template and targets else [None] if targets else []:
+        if not targets:  # an ignored tensor feeds no weight
+            continue
+        for i in range(num_layers) if "{i}" in template else [None]:
             key = template.format(i=i)
             key = key if key.startswith(_UNPREFIXED) else prefix + key
             for target in targets:
