@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import cases, run, torchvision_stub, worker
+from tests.testing import needs
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_FIELDS = {"case", "kind", "arch", "batch", "dtype", "impl", "status", "samples", "img_per_s",
@@ -80,8 +81,9 @@ def test_percentile_interpolates_like_numpy(q):
 
 
 @pytest.mark.slow
+@needs("torch", "the torchvision stub of the timm benchmark")
 def test_torchvision_stub_frozen_batch_norm_is_the_affine_batch_norm():
-    torch = pytest.importorskip("torch")
+    import torch
     norm = torchvision_stub._frozen_batch_norm()(3)
     rng = np.random.default_rng(0)
     weight, bias, mean, var = rng.normal(size=3), rng.normal(size=3), rng.normal(size=3), rng.uniform(0.5, 2, 3)

@@ -2,6 +2,8 @@
 which extra to install when it is missing.
 
 `setup.py` is the one source of the declarations: it is executed here with `setuptools.setup` captured.
+Import names map to distributions through `IMPORT_NAMES`, a table, not through what happens to be installed,
+so the verdict is the same on every machine (a user's venv from the README has no PyTorch, CI's torch venv has).
 The fresh-environment runs of `.ci/packaging` (base install; `[training,export]` on the newest TensorFlow)
 check the same from the outside.
 """
@@ -50,8 +52,13 @@ def _normalize(name: str) -> str:
 SETUP = _setup_arguments()
 BASE = _names(SETUP["install_requires"])
 EXTRAS = {extra: _names(reqs) for extra, reqs in SETUP["extras_require"].items()}
-DISTRIBUTIONS = {module: {_normalize(d) for d in dists}
-                 for module, dists in importlib.metadata.packages_distributions().items()}
+# The distribution that provides each top-level import name the package uses. A new import name fails the
+# checks below until it is added here, with the distribution that setup.py declares for it.
+IMPORT_NAMES = {
+    "absl": "absl-py", "ai_edge_litert": "ai-edge-litert", "jax": "jax", "keras": "keras",
+    "matplotlib": "matplotlib", "numpy": "numpy", "PIL": "pillow", "sklearn": "scikit-learn",
+    "tensorflow": "tensorflow", "tensorflow_datasets": "tensorflow-datasets", "torch": "torch",
+}
 
 
 def _imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
@@ -78,8 +85,9 @@ def _imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
 def _distributions(modules: set[str], where: str) -> set[str]:
     found = set()
     for module in modules - set(sys.stdlib_module_names) - {"keras_vit", "__future__"}:
-        assert module in DISTRIBUTIONS, f"{where} imports {module!r}, which no installed distribution provides"
-        found |= DISTRIBUTIONS[module]
+        assert module in IMPORT_NAMES, (f"{where} imports {module!r}, which tests/test_dependencies.py's "
+                                        f"IMPORT_NAMES does not map to a distribution: add it there")
+        found.add(IMPORT_NAMES[module])
     return found
 
 
@@ -256,3 +264,20 @@ def test_command_constants_equal_the_library_ones():
                                                                              serving.DEFAULT_MAX_BATCH)
     assert inspect_cli.FIGURES == inspect.FIGURES and fewshot_cli.SHOTS == fewshot.SHOTS
     assert set(train_cli.RECIPES) == set(configs.RECIPES) and train_cli.STRATEGIES == distribute.STRATEGIES
+
+
+def test_import_names_table_is_declared_and_agrees_with_installed_metadata():
+    """IMPORT_NAMES names only declared distributions; where one is installed, its metadata agrees (this checks
+    the table against the machine, the other tests check the package against the table)."""
+    declared = BASE | set().union(*EXTRAS.values()) | KERAS_BACKEND_DISTRIBUTIONS
+    assert set(IMPORT_NAMES.values()) <= declared, sorted(set(IMPORT_NAMES.values()) - declared)
+    installed = importlib.metadata.packages_distributions()
+    for module, distribution in IMPORT_NAMES.items():
+        if module in installed:
+            assert distribution in {_normalize(d) for d in installed[module]}, (module, installed[module])
+
+
+def test_unknown_import_name_fails_with_the_table_to_extend():
+    with pytest.raises(AssertionError, match=r"x\.py imports 'nonexistent_pkg', which .*IMPORT_NAMES"):
+        _distributions({"nonexistent_pkg", "numpy"}, "x.py")
+    assert _distributions({"numpy", "os", "torch"}, "x.py") == {"numpy", "torch"}  # the same with or without torch

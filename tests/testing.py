@@ -4,11 +4,13 @@ Hugging Face `.safetensors` layouts. The NumPy reference forward pass is tests/r
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
 import keras
 import numpy as np
+import pytest
 
 # Tiny configurations that run in seconds on a CPU.
 TINY_VIT = dict(patch_size=8, hidden_dim=48, mlp_dim=96, num_heads=3, num_layers=2)
@@ -17,6 +19,15 @@ TINY_HYBRID = dict(TINY_VIT, patch_size=1, num_layers=1, resnet_stages=(1, 1))
 # The smaller encoder of the training runs (16 px images: a 2x2 grid), as `training/` overrides.
 TRAIN_VIT = dict(patch_size=8, hidden_dim=16, mlp_dim=32, num_heads=2, num_layers=1)
 TRAIN_VIT_OVERRIDES = ["variant=", *(f"{key}={value}" for key, value in TRAIN_VIT.items())]
+
+
+def needs(package: str, why: str) -> pytest.MarkDecorator:
+    """Skips a test whose `package` is not installed, naming the install command: the README's environment
+    (`pip install -c constraints.txt -e ".[all]"`) has only what setup.py declares; `.ci/torch` runs these."""
+    return pytest.mark.skipif(
+        importlib.util.find_spec(package) is None,
+        reason=f"needs {package} ({why}), which the README's environment does not install: "
+               f"pip install -c constraints.txt {package}")
 
 
 def to_numpy(x, dtype=None) -> np.ndarray:
