@@ -49,8 +49,10 @@ def logits_model(model: keras.Model) -> keras.Model:
         head = model.get_layer("head_average" if "head_average" in names else "head")
     except ValueError:
         last_layers = [layer.name for layer in model.layers][-4:]
-        raise ValueError(f"Expected a keras_vit classifier with a `head` layer (include_top=True). Model "
-                         f"{model.name!r} has layers {last_layers} at its end.") from None
+        raise ValueError(f"Model {model.name!r} has no classification `head` (it ends in {last_layers}): these "
+                         "exports serve a classifier's probabilities. Build it with include_top=True (and the "
+                         "checkpoint's `classes`), or add a head: keras_vit.ViTModel(backbone.input, "
+                         "keras.layers.Dense(classes, name='head')(backbone.output)).") from None
     last = model.layers[-1]
     if last is not head:
         activation = getattr(last, "activation", None)

@@ -91,9 +91,7 @@ def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, o
         A `keras.Model` on the model's inputs with outputs `{"block_<i>": patches, "block_<i>_prefix": prefix
         tokens}` for each chosen block `i`.
     """
-    block_layers = [layer for layer in model.layers if isinstance(layer, vit_layers.TransformerBlock)]
-    if not block_layers:
-        raise ValueError(f"Model {model.name!r} has no TransformerBlock layers.")
+    block_layers = vit_layers.transformer_blocks(model)
     indices = range(len(block_layers)) if blocks is None else blocks
     chosen = []
     for index in indices:

@@ -272,6 +272,7 @@ def VisionTransformer(
         Other arguments: as the variant builders (`help(keras_vit.ViTB16)`); `weights`
             defaults to `None` here.
     """
+    checkpoint_loader.check_file_exists(weights)
     config = variants.decode_variant(variant) if variant else {}
     overrides = dict(patch_size=patch_size, hidden_dim=hidden_dim, mlp_dim=mlp_dim, num_heads=num_heads,
                      num_layers=num_layers, resnet_stages=resnet_stages)
@@ -282,6 +283,10 @@ def VisionTransformer(
     checkpoint_size = None  # the square side a checkpoint file's position embedding was trained at
     if _is_checkpoint_file(weights):
         config, family, classifier, checkpoint_size = _read_from_file(weights, config, family, classifier)
+        if classifier == "map" and not include_top and pooling != "map":
+            raise ValueError(f"{weights!r} pools with an attention-pooling head (classifier='map', SigLIP): pass "
+                             f"pooling='map' for its pooled embedding (received pooling={pooling!r}); for the "
+                             "tokens, build with pooling='map' and use keras_vit.features_model(model).")
     classifier = classifier or "token"
     if family["distillation_token"] and (classifier != "token" or family["num_register_tokens"]
                                          or family["no_embed_class"] or family["fc_norm"]):
@@ -505,6 +510,7 @@ def attention_model(model: keras.Model) -> keras.Model:
     encoderblock_0, ...]}`, each score (batch, heads, tokens, tokens). The original model
     is untouched.
     """
+    vit_layers.transformer_blocks(model)  # a clear error for a model without (top-level) blocks
     scores = []
 
     def call_function(layer, *args, **kwargs):
@@ -515,8 +521,6 @@ def attention_model(model: keras.Model) -> keras.Model:
         return layer(*args, **kwargs)
 
     clone = keras.models.clone_model(model, clone_function=lambda layer: layer, call_function=call_function)
-    if not scores:
-        raise ValueError(f"Model {model.name!r} has no TransformerBlock layers.")
     return keras.Model(clone.input, {"output": clone.output, "attention": scores},
                        name=f"{model.name}_attention")
 

@@ -60,3 +60,24 @@ def test_relative_links_point_to_files(path):
         if not (path.parent / file).exists():
             missing.append(target)
     assert missing == [], f"{path.relative_to(ROOT)}: links to missing files"
+
+
+# Speed figures (ratios "1.13x", latencies "235 ms", throughputs "4.10 img/s") quoted where the README and the
+# performance page describe measured speed; each must appear in benchmarks/RESULTS.md, where the run behind it is.
+FIGURE = re.compile(r"\b\d+(?:\.\d+)?x\b|\b\d+(?:\.\d+)? ms\b|\b\d+(?:\.\d+)? img/s\b")
+
+
+def _unsourced_figures(text: str, results: str) -> list[str]:
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [figure for figure in FIGURE.findall(prose) if figure not in results]
+
+
+@pytest.mark.parametrize("path", [README, ROOT / "docs" / "performance.md"], ids=lambda path: path.name)
+def test_quoted_speed_figures_come_from_results(path):
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    assert _unsourced_figures(path.read_text(encoding="utf-8"), results) == []
+
+
+def test_unsourced_figure_check_catches_a_figure_not_in_results():
+    assert _unsourced_figures("1.13x keras-hub, 999.9 ms, 12.34 img/s; ```9.99x```", "| 1.13x |") == [
+        "999.9 ms", "12.34 img/s"]

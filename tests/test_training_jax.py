@@ -88,7 +88,9 @@ SHARDING_SCRIPT = textwrap.dedent("""
                       "model_parallel_3": lambda: distribute.get_strategy("auto", model_parallel=3),
                       "heads": lambda: distribute.check_model_parallel(
                           distribute.get_strategy("auto", model_parallel=4), {"num_heads": 2, "mlp_dim": 32}),
-                      "eval_split": lambda: distribute.check_eval_split(361, strategies["data_parallel"])}.items():
+                      "eval_split": lambda: distribute.check_eval_split(361, strategies["data_parallel"]),
+                      "eval_folder": lambda: distribute.check_eval_split(449, strategies["data_parallel"], "folder",
+                                                                         "test")}.items():
         try:
             call()
             errors[key] = None
@@ -153,7 +155,10 @@ def test_jax_rejects_tensorflow_only_and_uneven_options(sharding):
     assert "tpu='local' is the address of TensorFlow's TPUStrategy" in errors["tpu"]
     assert errors["model_parallel_3"].startswith("model_parallel=3 does not divide the 4 devices")
     assert errors["heads"].startswith("model_parallel=4 does not divide num_heads=2")
-    assert errors["eval_split"].startswith("The eval split has 361 examples, which do not split over the 4 replicas")
+    assert errors["eval_split"].startswith("The eval split has 361 examples, which do not split evenly over the 4 "
+                                           "replicas") and "eval_split=validation[:360]" in errors["eval_split"]
+    assert "move 1 image(s) out of the folder data_dir/test/" in errors["eval_folder"]
+    assert "validation[" not in errors["eval_folder"]
 
 
 def test_tensorflow_rejects_model_parallel():

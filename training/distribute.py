@@ -177,18 +177,25 @@ def check_global_batch(global_batch_size: int, strategy: Strategy) -> int:
     return global_batch_size // replicas
 
 
-def check_eval_split(num_examples: int | None, strategy: Strategy) -> None:
+def check_eval_split(num_examples: int | None, strategy: Strategy, dataset: str = "", split: str = "") -> None:
     """Raises if a keras.distribution cannot split the eval split's last, partial batch.
 
     tf.distribute evaluates uneven batches; JAX shards every batch evenly over the batch axis. With a global
     batch that divides by the replicas, every eval batch does when the split does.
     """
     replicas = num_replicas(strategy)
-    if isinstance(strategy, KERAS_DISTRIBUTIONS) and num_examples is not None and num_examples % replicas:
-        raise ValueError(f"The eval split has {num_examples} examples, which do not split over the {replicas} "
-                         f"replicas of {describe(strategy)}: on JAX every batch is sharded evenly. Expected an "
-                         f"eval split with a multiple of {replicas} examples (for TFDS, a slice such as "
-                         f"eval_split=validation[:{num_examples - num_examples % replicas}]).")
+    if not isinstance(strategy, KERAS_DISTRIBUTIONS) or num_examples is None or not num_examples % replicas:
+        return
+    extra, kept = num_examples % replicas, num_examples - num_examples % replicas
+    if dataset == "folder":
+        fix = f"move {extra} image(s) out of the folder data_dir/{split or '<eval_split>'}/"
+    elif dataset == "digits":
+        fix = f"pick an eval split of {kept} digits"
+    else:
+        fix = f"take a slice of the split, e.g. eval_split={(split or 'validation').split('[')[0]}[:{kept}]"
+    raise ValueError(f"The eval split has {num_examples} examples, which do not split evenly over the {replicas} "
+                     f"replicas of {describe(strategy)} (JAX shards every batch evenly): {fix}, or train on "
+                     "TensorFlow, whose tf.distribute evaluates uneven batches.")
 
 
 def check_model_parallel(strategy: Strategy, architecture: dict) -> None:

@@ -245,7 +245,7 @@ def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy):
     os.makedirs(outdir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)
     datasets = data_lib.make_datasets(config)
-    distribute.check_eval_split(datasets.num_eval_examples, strategy)
+    distribute.check_eval_split(datasets.num_eval_examples, strategy, config.dataset, config.eval_split)
     steps_per_epoch, epochs = _schedule(config, datasets.num_train_examples)
     logging.info("Config: %s", dataclasses.asdict(config))
     return worker, outdir, datasets, steps_per_epoch, epochs

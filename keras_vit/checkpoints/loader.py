@@ -76,12 +76,26 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
         return None
     if not isinstance(weights, str):
         raise ValueError(f"`weights` must be None, a registered name or a file path. Received: {weights!r}")
+    check_file_exists(weights)
     source = _resolve_file(weights) if os.path.isfile(weights) else _resolve_name(weights, variant, image_size)
     if not include_top:
         return dataclasses.replace(source, representation_size=None)
     if not source.location.endswith(".h5"):  # A Keras weights file does not say; Keras checks it on load.
         _check_head(weights, source.head_classes, classes)
     return source
+
+
+WEIGHTS_SUFFIXES = (".npz", ".safetensors", ".h5", ".keras", *safetensors_file.PICKLE_SUFFIXES)
+
+
+def check_file_exists(weights) -> None:
+    """Raises FileNotFoundError for a `weights=` value that names a file (a weights suffix or a directory part)
+    which does not exist, before anything reads the architecture from it or takes it for a registered name."""
+    if isinstance(weights, str) and not os.path.exists(weights) and (
+            weights.endswith(WEIGHTS_SUFFIXES) or os.sep in weights or "/" in weights):
+        raise FileNotFoundError(f"weights={weights!r}: no such file (relative to {os.getcwd()!r}). Give the path "
+                                "of an existing .npz, .safetensors or .weights.h5 file, or a registered name "
+                                "(keras_vit.list_weights()).")
 
 
 def _resolve_name(weights: str, variant: str | None, image_size: tuple[int, int]) -> WeightsSource:
@@ -297,20 +311,21 @@ def _resample_for(model: keras.Model, value: np.ndarray, variable, key: str, pro
 
 
 def _architecture_summary(widths: dict[str, tuple], block_keys) -> str:
-    width = widths.get("embedding/bias", ("?",))[-1]
+    width = widths.get("embedding/kernel", ("?",))[-1]
     blocks = {re.search(r"encoderblock_(\d+)", key).group(1) for key in block_keys if "encoderblock_" in key}
     return f"hidden size {width}, {len(blocks)} encoder blocks"
 
 
 def _mismatch_message(model, arrays, variables, problems: list[str], origin: str) -> str:
     model_widths = {path: tuple(variable.shape) for path, variable in variables.items()}
-    checkpoint_widths = {"embedding/bias": arrays["embedding/bias"].shape} if "embedding/bias" in arrays else {}
+    checkpoint_widths = {"embedding/kernel": arrays["embedding/kernel"].shape} if "embedding/kernel" in arrays else {}
     # Key-set problems first: they tell a wrong variant apart from a resolution change.
     problems = sorted(problems, key=lambda problem: not problem.startswith(("missing", "unexpected")))
     shown = problems[:20]
     more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
     return (f"{origin!r} does not fit model {model.name!r} ({len(problems)} problem(s); no weight was "
-            f"changed).\n  checkpoint: {_architecture_summary(checkpoint_widths, arrays)}; model: "
+            f"changed): build the model from the file, `VisionTransformer(weights={origin!r})` (its architecture "
+            f"and options are read from the file), or with the checkpoint's variant.\n  checkpoint: {_architecture_summary(checkpoint_widths, arrays)}; model: "
             f"{_architecture_summary(model_widths, variables)}.\n  - " + "\n  - ".join(shown) + more)
 
 

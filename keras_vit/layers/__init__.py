@@ -17,7 +17,7 @@ Transformer blocks and their parts, the attention-pooling head). Every name is i
 
 from keras_vit.layers.encoder import (ACTIVATIONS, LAYER_NORM_EPSILON, Dense, HeadProjection, LayerNorm, LayerScale,
                                       MAPHead, MlpBlock, MultiHeadDotProductAttention, StochasticDepth,
-                                      TransformerBlock)
+                                      TransformerBlock, transformer_blocks)
 from keras_vit.layers.tokens import (POOLINGS, POSITION_EMBEDDINGS, ClassToken, PatchEncoder, Patches,
                                      PositionEmbedding, RegisterTokens, TokenPooling, extract_patches, patch_grid,
                                      sincos_2d_grid, sincos_2d_position_embedding, to_pair, zoom_axis)
@@ -26,4 +26,4 @@ __all__ = ["ACTIVATIONS", "LAYER_NORM_EPSILON", "POOLINGS", "POSITION_EMBEDDINGS
            "HeadProjection", "LayerNorm", "LayerScale", "MAPHead", "MlpBlock", "MultiHeadDotProductAttention",
            "PatchEncoder", "Patches", "PositionEmbedding", "RegisterTokens", "StochasticDepth", "TokenPooling",
            "TransformerBlock", "extract_patches", "patch_grid", "sincos_2d_grid", "sincos_2d_position_embedding",
-           "to_pair", "zoom_axis"]
+           "to_pair", "transformer_blocks", "zoom_axis"]

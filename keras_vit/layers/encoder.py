@@ -491,3 +491,21 @@ class MAPHead(keras.layers.Layer):
                        "layer_norm_epsilon": self.layer_norm_epsilon, "gelu_approximate": self.gelu_approximate,
                        "activation": self.activation})
         return config
+
+
+def transformer_blocks(model: keras.Model) -> list[TransformerBlock]:
+    """The model's top-level `TransformerBlock` layers, in order.
+
+    Raises:
+        ValueError: none at the top level; when a keras_vit model is nested as a layer, the error names it.
+    """
+    blocks = [layer for layer in model.layers if isinstance(layer, TransformerBlock)]
+    if blocks:
+        return blocks
+    nested = [layer.name for layer in model.layers
+              if isinstance(layer, keras.Model) and any(isinstance(inner, TransformerBlock) for inner in layer.layers)]
+    if nested:
+        raise ValueError(f"Model {model.name!r} holds its ViT as the nested model {nested[0]!r}, whose encoder "
+                         f"blocks this needs at the top level: pass model.get_layer({nested[0]!r}) instead.")
+    raise ValueError(f"Model {model.name!r} has no TransformerBlock layers: expected a keras_vit model "
+                     "(keras_vit.VisionTransformer, ViTB16, ...).")
