@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 from keras_vit import datasets  # noqa: E402
-from keras_vit import inspect as vit_inspect  # noqa: E402
+from keras_vit import inspection as vit_inspect  # noqa: E402
 from keras_vit.export import export_all  # noqa: E402
 from keras_vit.training import get_config, train_and_evaluate  # noqa: E402
 

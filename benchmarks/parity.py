@@ -129,11 +129,12 @@ def torch_output(case: Case, model, images: np.ndarray) -> np.ndarray:
 
 def keras_model(case: Case, path: str):
     import keras_vit
-    from keras_vit.checkpoints.architecture import checkpoint_shapes, read_architecture
+    from keras_vit.checkpoints.reader import read_checkpoint
 
-    found = read_architecture(checkpoint_shapes(path)[0], num_heads=1)
+    file = read_checkpoint(path)  # once: the builder and the loader take it
+    found = file.architecture(num_heads=1)
     pooling = None if case.head else {"map": "map", "gap": "avg"}.get(found["classifier"], "token")
-    return keras_vit.VisionTransformer(weights=path, input_shape=(SIZE, SIZE, 3), include_preprocessing=False,
+    return keras_vit.VisionTransformer(weights=file, input_shape=(SIZE, SIZE, 3), include_preprocessing=False,
                                        include_top=case.head, classes=found["classes"] or 1000, pooling=pooling,
                                        classifier_activation=None, **case.build)
 

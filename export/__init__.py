@@ -15,6 +15,7 @@ import keras
 import numpy as np
 
 import keras_vit
+import keras_vit.model_files
 from keras_vit._backend import require_tensorflow_backend
 
 require_tensorflow_backend("keras_vit.export")
@@ -40,7 +41,7 @@ def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os
     # Imported here, not above: `python -m export.saved_model` would otherwise run that module twice.
     from . import saved_model, tflite
 
-    model = keras_vit.models.load_or_build(model_or_path)
+    model = keras_vit.model_files.load_or_build(model_or_path)
     out = Path(out_dir)
     saved = saved_model.export_saved_model(model, out / "saved_model", version=version, overwrite=overwrite,
                                class_names=class_names)

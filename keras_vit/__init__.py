@@ -20,7 +20,7 @@ else:
     from keras_vit.checkpoints.loader import load as load_weights
     from keras_vit.checkpoints.npz import read_npz, resample_position_embedding
     from keras_vit.checkpoints.registry import Checkpoint, list_weights
-    from keras_vit.features import TokenGrid, features_model
+    from keras_vit.features import TokenGrid, attention_model, features_model
     from keras_vit.imagenet import decode_predictions, preprocess_input
     from keras_vit.layers import (ClassToken, LayerNorm, LayerScale, MAPHead, MlpBlock, MultiHeadDotProductAttention,
                                   PatchEncoder, Patches, PositionEmbedding, RegisterTokens, StochasticDepth,
@@ -30,6 +30,18 @@ else:
                                   transfer_encoder_weights)
     from keras_vit.models import (BUILDERS, R26ViTS32, R50ViTB16, R50ViTL32, ViTB8, ViTB16, ViTB32,
                                   ViTH14, ViTL16, ViTL32, ViTS16, ViTS32, ViTTi16, VisionTransformer,
-                                  ViTModel, attention_model)
+                                  ViTModel)
     from keras_vit.resnet import BottleneckUnit, StdConv2D
-    from keras_vit.variants import VARIANTS, decode_variant
+    from keras_vit.variants import VARIANTS, ViTConfig, decode_variant
+
+    def __getattr__(name: str):
+        """`keras_vit.inspect`, the 0.2 name of `keras_vit.inspection` (it shadowed the standard library's
+        `inspect`): `from keras_vit import inspect` still works, with a DeprecationWarning."""
+        if name == "inspect":
+            import importlib
+            import warnings
+
+            warnings.warn("keras_vit.inspect is now keras_vit.inspection: import that (from keras_vit import "
+                          "inspection); 0.4 removes the old name.", DeprecationWarning, stacklevel=2)
+            return importlib.import_module("keras_vit.inspection")
+        raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")

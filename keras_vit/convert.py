@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from keras_vit import models
-from keras_vit.checkpoints.architecture import checkpoint_shapes, read_architecture
+from keras_vit.checkpoints.reader import read_checkpoint
 
 
 def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = None, num_heads: int | None = None,
@@ -53,12 +53,13 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
     """
     if not output.endswith((".keras", ".weights.h5")):
         raise ValueError(f"The output must end in .keras or .weights.h5. Received: {output!r}")
-    shapes, layout = checkpoint_shapes(checkpoint)
-    found = read_architecture(shapes)  # the head and pooling; the model reads the rest (heads included) itself
+    file = read_checkpoint(checkpoint)  # once: the model and the loader take this summary
+    found = file.architecture(num_heads=1)  # the head, pooling and input size; the model reads the heads itself
+    layout = file.layout
     image_size = image_size or (found["image_size"],) * 2
     classes = found["classes"]
     model = models.VisionTransformer(
-        variant, weights=checkpoint, num_heads=num_heads, input_shape=(*image_size, 3), classifier_activation=None,
+        variant, weights=file, num_heads=num_heads, input_shape=(*image_size, 3), classifier_activation=None,
         include_top=classes is not None, classes=classes or 1000, representation_size=found["representation_size"],
         pooling=None if classes else {"gap": "avg"}.get(found["classifier"], found["classifier"]),
         include_preprocessing=layout is None, layer_norm_epsilon=layer_norm_epsilon,

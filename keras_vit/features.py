@@ -2,7 +2,8 @@
 
 `features_model(model, blocks)` is the same model (same weights, no copies) whose outputs are the tokens of
 the chosen encoder blocks, the prefix tokens (class, registers) split from the patch tokens, the patch tokens
-as NHWC feature maps or as a sequence: the spirit of timm's `forward_intermediates`.
+as NHWC feature maps or as a sequence: the spirit of timm's `forward_intermediates`. `attention_model(model)`
+is the same model with every block's attention weights as outputs too (the inspection tools read them).
 """
 
 from __future__ import annotations
@@ -118,3 +119,40 @@ def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, o
         outputs[f"block_{index}_prefix"], outputs[f"block_{index}"] = splits
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
     return keras.Model(inputs, outputs, name=f"{model.name}_features")
+
+
+class _AttentionProbe(keras.layers.Layer):
+    """Calls a TransformerBlock (sharing its weights) and returns (tokens, attention scores).
+
+    A separate layer because Keras checks a functional graph against each layer's first
+    call: re-calling the block itself with a second output would fail that check.
+    """
+
+    def __init__(self, block: vit_layers.TransformerBlock, **kwargs):
+        super().__init__(name=f"{block.name}_attention", dtype=block.dtype_policy, **kwargs)
+        self.block = block
+
+    def call(self, x, training=None):
+        return self.block(x, training=training, return_attention_scores=True)
+
+
+def attention_model(model: keras.Model) -> keras.Model:
+    """The same model (same weights, no copies) with per-layer attention outputs.
+
+    Returns a model whose outputs are `{"output": <model's output>, "attention": [scores of
+    encoderblock_0, ...]}`, each score (batch, heads, tokens, tokens). The original model
+    is untouched.
+    """
+    vit_layers.transformer_blocks(model)  # a clear error for a model without (top-level) blocks
+    scores = []
+
+    def call_function(layer, *args, **kwargs):
+        if isinstance(layer, vit_layers.TransformerBlock):
+            outputs, attention = _AttentionProbe(layer)(*args, **kwargs)
+            scores.append(attention)
+            return outputs
+        return layer(*args, **kwargs)
+
+    clone = keras.models.clone_model(model, clone_function=lambda layer: layer, call_function=call_function)
+    return keras.Model(clone.input, {"output": clone.output, "attention": scores},
+                       name=f"{model.name}_attention")

@@ -1,13 +1,16 @@
 """Functional Vision Transformer models, called like `keras.applications`.
 
-`VisionTransformer(...)` is the one generic builder; `ViTB16`, `R50ViTB16`, ... are thin
-wrappers over it that read the variant table (`keras_vit.variants`). The forward pass
-reads in paper order: preprocessing, (ResNet stem), patch embedding, class token,
-position embedding, encoder blocks, final norm, pooling, pre-logits, head.
+`VisionTransformer(variant, **options)` is the one builder: its options are the fields of
+`keras_vit.variants.ViTConfig`, merged over the variant's row and the fields a checkpoint file fixes;
+`ViTB16`, `R50ViTB16`, ... are thin wrappers over it for one row of the variant table. The forward pass
+(`_forward`) reads in paper order: preprocessing, (ResNet stem), patch embedding, class token, position
+embedding, encoder blocks, final norm, pooling, pre-logits, head. Nothing here opens a file: the checkpoint
+reader (`keras_vit.checkpoints`) reads one once and the loader loads it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Callable, Sequence
 
@@ -18,10 +21,9 @@ from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit import variants
 from keras_vit.checkpoints import loader as checkpoint_loader
-from keras_vit.checkpoints import torch_layout
-from keras_vit.checkpoints.architecture import ARCHITECTURE_ARGUMENTS, checkpoint_shapes, read_architecture
+from keras_vit.checkpoints.reader import CheckpointFile
+from keras_vit.variants import CLASSIFIERS, ViTConfig  # noqa: F401  (CLASSIFIERS: the 0.2 name)
 
-CLASSIFIERS = ("token", "gap", "map")
 POOLINGS = (*vit_layers.POOLINGS, "map")
 
 BASE_DOCSTRING = """Builds {paper_name} (arXiv:2010.11929), keras.applications style.
@@ -55,6 +57,12 @@ Args:
         Defaults to `"softmax"`.
     include_preprocessing: bool. `True`: the model takes raw pixels in [0, 255] and
         maps them to [-1, 1] inside; `False`: it takes [-1, 1]. Defaults to `True`.
+    name: str. Model name. Defaults to `"{model_name}"`.
+    **options: the fields of `keras_vit.variants.ViTConfig`, as keywords (`qk_norm=True`). One not given
+        (or given as `None`) takes the value of a weights file that fixes it, else its default below. An
+        unknown name is a TypeError that names the closest valid one. The architecture fields
+        (`patch_size`, `hidden_dim`, `mlp_dim`, `num_heads`, `num_layers`, `resnet_stages`) default to the
+        variant's row.
     classifier: `"token"` (class token, the paper's default), `"gap"` (global average
         pooling, no class token) or `"map"` (no class token; multihead attention pooling, `MAPHead`:
         SigLIP, big_vision). Defaults to `"token"` (in `VisionTransformer`: that of `weights=` a checkpoint
@@ -97,10 +105,9 @@ Args:
     gelu_approximate: optional bool. `True`: tanh-approximate GELU (the original's, SigLIP's);
         `False`: exact erf GELU (timm's and Hugging Face's). Defaults to `None`: as
         `layer_norm_epsilon` (`True` for `.npz` files).
-    name: str. Model name. Defaults to `"{model_name}"`.
 
 Returns:
-    A `keras_vit.ViTModel` (a functional `keras.Model`).
+    A `keras_vit.ViTModel` (a functional `keras.Model`); its `vit_config` is the `ViTConfig` it was built from.
 """
 
 
@@ -143,6 +150,24 @@ class ViTModel(CpuKernelSteps, keras.Model):
     `keras.Model` the wrapper is just as correct, on the portable ops.
     """
 
+    def __init__(self, *args, vit_config: ViTConfig | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.vit_config = vit_config
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        if self.vit_config is not None:
+            config["vit_config"] = self.vit_config.to_dict()
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects=None) -> ViTModel:
+        config = dict(config)
+        fields = config.pop("vit_config", None)  # absent in models saved by 0.2 and earlier
+        model = super().from_config(config, custom_objects=custom_objects)
+        model.vit_config = ViTConfig.from_dict(fields) if fields is not None else None
+        return model
+
     def enable_lora(self, rank: int, target_names: Sequence[str] = LORA_TARGETS) -> None:
         """Low-rank adaptation (Hu et al. 2021) of the encoder, as keras-hub's `Backbone.enable_lora`.
 
@@ -174,25 +199,18 @@ class ViTModel(CpuKernelSteps, keras.Model):
         return super().load_weights(filepath, *args, **kwargs)
 
 
-def _validate(*, include_top, pooling, classes, classifier, position_embedding, classifier_activation,
+def _validate(*, include_top: bool, pooling: str | None, classes: int, config: ViTConfig, classifier_activation,
               weights_source) -> None:
-    if classifier not in CLASSIFIERS:
-        hint = " (the model's own pooling is spelled classifier='gap'; pooling='avg' is the output pooling)" \
-            if classifier == "avg" else ""
-        raise ValueError(f"Unknown classifier {classifier!r}. Expected one of {CLASSIFIERS}{hint}.")
-    if position_embedding not in vit_layers.POSITION_EMBEDDINGS:
-        raise ValueError(f"Unknown position_embedding {position_embedding!r}. "
-                         f"Expected one of {vit_layers.POSITION_EMBEDDINGS}.")
     if pooling is not None and pooling not in POOLINGS:
         hint = " (global average pooling is spelled pooling='avg' here, classifier='gap' in the model)" \
             if pooling == "gap" else ""
         raise ValueError(f"Unknown pooling {pooling!r}. Expected None or one of {POOLINGS}{hint}.")
-    if pooling == "token" and classifier != "token" and not include_top:
-        raise ValueError(f"pooling='token' needs a class token, but classifier={classifier!r} has none. "
+    if pooling == "token" and config.classifier != "token" and not include_top:
+        raise ValueError(f"pooling='token' needs a class token, but classifier={config.classifier!r} has none. "
                          "Use pooling='avg' or classifier='token'.")
-    if pooling == "map" and classifier != "map" and not include_top:
+    if pooling == "map" and config.classifier != "map" and not include_top:
         raise ValueError(f"pooling='map' is the attention-pooling head of classifier='map'. Received: "
-                         f"classifier={classifier!r}; use pooling='token' or 'avg', or classifier='map'.")
+                         f"classifier={config.classifier!r}; use pooling='token' or 'avg', or classifier='map'.")
     if not isinstance(classes, int) or classes < 1:
         raise ValueError(f"`classes` must be a positive int. Received: classes={classes!r}")
     if weights_source is not None and include_top and classifier_activation not in (None, "softmax"):
@@ -221,114 +239,76 @@ def _image_input(input_tensor, input_shape, stride: int, pretrained: bool):
     return (image if image is not None else keras.Input(shape=shape, name="image")), shape
 
 
+def model_config(variant: str | None = None, file: CheckpointFile | None = None, **options) -> ViTConfig:
+    """The `ViTConfig` of `VisionTransformer(variant, weights=file, **options)`: the fields the file fixes, then
+    the variant's row, then the options given (`None`: not given).
+
+    Raises:
+        TypeError: an unknown option, naming the closest valid one.
+        ValueError: an option that contradicts the file's config.json, missing architecture fields, or an
+            invalid value.
+    """
+    variants.check_options(options, "VisionTransformer")
+    if file is None:
+        return variants.make_config(variant, None, options)
+    row = variants.VARIANTS[variants.canonical_variant(variant)] if variant else {}
+    given = {**row, **{name: value for name, value in options.items() if value is not None}}
+    file.check_agrees(given)
+    return variants.make_config(variant, file.config_fields(given.get("num_heads")), options)
+
+
 def VisionTransformer(
     variant: str | None = None,
     *,
-    patch_size: int | None = None,
-    hidden_dim: int | None = None,
-    mlp_dim: int | None = None,
-    num_heads: int | None = None,
-    num_layers: int | None = None,
-    resnet_stages: Sequence[int] | None = None,
     include_top: bool = True,
-    weights: str | None = None,
+    weights: str | CheckpointFile | None = None,
     input_tensor=None,
     input_shape: Sequence[int | None] | None = None,
     pooling: str | None = None,
     classes: int = 1000,
     classifier_activation: str | Callable | None = "softmax",
     include_preprocessing: bool = True,
-    classifier: str | None = None,
-    representation_size: int | None = None,
-    position_embedding: str = "learned",
-    dropout_rate: float = 0.0,
-    attention_dropout_rate: float = 0.0,
-    drop_path_rate: float = 0.0,
-    layer_norm_epsilon: float | None = None,
-    gelu_approximate: bool | None = None,
-    activation: str | None = None,
-    layer_scale_init: float | None = None,
-    qk_norm: bool = False,
-    num_register_tokens: int = 0,
-    no_embed_class: bool = False,
-    norm_pre: bool = False,
-    fc_norm: bool = False,
-    distillation_token: bool = False,
-    patch_bias: bool = True,
-    remat: bool = False,
     name: str = "vision_transformer",
+    **options: Any,
 ) -> keras.Model:
     """Builds a Vision Transformer of any size (arXiv:2010.11929).
 
     Args:
-        variant: optional variant name ("B/16", "R50+B/16", ...) whose architecture fills the
-            architecture arguments not given; needed for registered `weights` names.
-        patch_size, hidden_dim, mlp_dim, num_heads, num_layers: the architecture
-            (patch size on the image, or on the ResNet feature map for hybrids). With `weights=` an `.npz`
-            or `.safetensors` file, those not given (and the family options left at their defaults) are
-            read from the file's keys (the classifier too, when left `None`). timm and Hugging Face files do not
-            store `num_heads`: give it, or (Hugging Face) keep the `config.json` beside the file.
-        resnet_stages: optional units per ResNet stage, e.g. (3, 4, 9), for a hybrid model.
-        Other arguments: as the variant builders (`help(keras_vit.ViTB16)`); `weights`
-            defaults to `None` here.
+        variant: optional variant name ("B/16", "R50+B/16", ...) whose row fills the architecture options not
+            given; needed for registered `weights` names.
+        **options: the fields of `keras_vit.variants.ViTConfig`: the architecture (`patch_size`, `hidden_dim`,
+            `mlp_dim`, `num_heads`, `num_layers`, `resnet_stages`; patch size on the image, or on the ResNet
+            feature map for hybrids), the ViT family's options and the numerics. With `weights=` an `.npz` or
+            `.safetensors` file, those not given are read from the file (timm and Hugging Face files do not
+            store `num_heads`: give it, or keep the Hugging Face `config.json` beside the file). An unknown
+            name is a TypeError naming the closest valid one.
+        Other arguments: as the variant builders (`help(keras_vit.ViTB16)`); `weights` defaults to `None` here.
     """
     checkpoint_loader.check_file_exists(weights)
-    config = variants.decode_variant(variant) if variant else {}
-    overrides = dict(patch_size=patch_size, hidden_dim=hidden_dim, mlp_dim=mlp_dim, num_heads=num_heads,
-                     num_layers=num_layers, resnet_stages=resnet_stages)
-    config.update({key: value for key, value in overrides.items() if value is not None})
-    family = dict(layer_scale_init=layer_scale_init, qk_norm=qk_norm,
-                  num_register_tokens=num_register_tokens, no_embed_class=no_embed_class, norm_pre=norm_pre,
-                  fc_norm=fc_norm, distillation_token=distillation_token, patch_bias=patch_bias)
-    checkpoint_size = None  # the square side a checkpoint file's position embedding was trained at
-    if _is_checkpoint_file(weights):
-        config, family, classifier, checkpoint_size = _read_from_file(weights, config, family, classifier)
-        if classifier == "map" and not include_top and pooling != "map":
-            raise ValueError(f"{weights!r} pools with an attention-pooling head (classifier='map', SigLIP): pass "
-                             f"pooling='map' for its pooled embedding (received pooling={pooling!r}); for the "
-                             "tokens, build with pooling='map' and use keras_vit.features_model(model).")
-    classifier = classifier or "token"
-    if family["distillation_token"] and (classifier != "token" or family["num_register_tokens"]
-                                         or family["no_embed_class"] or family["fc_norm"]):
-        raise ValueError("distillation_token=True needs classifier='token' and no register tokens, no_embed_class "
-                         f"or fc_norm. Received: classifier={classifier!r}, num_register_tokens="
-                         f"{family['num_register_tokens']}, no_embed_class={family['no_embed_class']}, "
-                         f"fc_norm={family['fc_norm']}")
-    missing = [key for key in ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers")
-               if key not in config]
-    if missing:
-        raise ValueError(f"VisionTransformer needs `variant`, the architecture arguments {missing}, or `weights=` "
-                         "an .npz or .safetensors file that holds them.")
-    stride = variants.total_stride(config)
-    image, image_shape = _image_input(input_tensor, input_shape, stride, pretrained=weights is not None)
-    weights_source = checkpoint_loader.resolve(weights, variant=variant, image_size=image_shape[:2],
-                                         include_top=include_top, classes=classes)
-    _validate(include_top=include_top, pooling=pooling, classes=classes, classifier=classifier,
-              position_embedding=position_embedding, classifier_activation=classifier_activation,
-              weights_source=weights_source)
-    if representation_size is None and weights_source is not None:
+    variants.check_options(options, "VisionTransformer")
+    file = checkpoint_loader.local_file(weights)  # one read of its header, carried to the loader
+    config = model_config(variant, file, **options)
+    if file is not None and "MAPHead_0/probe" in file.shapes and not include_top and pooling != "map":
+        raise ValueError(f"{file.path!r} pools with an attention-pooling head (classifier='map', SigLIP): pass "
+                         f"pooling='map' for its pooled embedding (received pooling={pooling!r}); for the "
+                         "tokens, build with pooling='map' and use keras_vit.features_model(model).")
+    image, image_shape = _image_input(input_tensor, input_shape, config.stride, pretrained=weights is not None)
+    weights_source = checkpoint_loader.resolve(file or weights, variant=variant, image_size=image_shape[:2],
+                                               include_top=include_top, classes=classes)
+    _validate(include_top=include_top, pooling=pooling, classes=classes, config=config,
+              classifier_activation=classifier_activation, weights_source=weights_source)
+    if config.representation_size is None and weights_source is not None and weights_source.representation_size:
         # ImageNet-21k checkpoints end in pre_logits (Dense + tanh): build it when their head is used.
-        representation_size = weights_source.representation_size
-    numerics = _numerics(weights_source, layer_norm_epsilon=layer_norm_epsilon, gelu_approximate=gelu_approximate,
-                         activation=activation)
+        config = dataclasses.replace(config, representation_size=weights_source.representation_size)
+    checkpoint_size = file.image_size if file is not None and None in image_shape[:2] else None
     outputs = _forward(image, config, include_top=include_top, pooling=pooling, classes=classes,
                        classifier_activation=classifier_activation, include_preprocessing=include_preprocessing,
-                       classifier=classifier, representation_size=representation_size,
-                       position_embedding=position_embedding, dropout_rate=dropout_rate,
-                       attention_dropout_rate=attention_dropout_rate, drop_path_rate=drop_path_rate, remat=remat,
-                       family=family, grid_size=_grid_size(image_shape, stride, checkpoint_size, weights_source),
-                       **numerics)
+                       grid_size=_grid_size(image_shape, config.stride, checkpoint_size, weights_source))
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
-    model = ViTModel(inputs, outputs, name=name)
+    model = ViTModel(inputs, outputs, name=name, vit_config=config)
     if weights_source is not None:
         checkpoint_loader.load(model, weights_source)
     return model
-
-
-# The ViT family's options at their defaults (`VisionTransformer`'s): what `weights=` a file may fill in.
-FAMILY_DEFAULTS = dict(layer_scale_init=None, qk_norm=False, num_register_tokens=0,
-                       no_embed_class=False, norm_pre=False, fc_norm=False, distillation_token=False,
-                       patch_bias=True)
 
 
 def _grid_size(image_shape: tuple, stride: int, checkpoint_size: int | None, weights_source) -> tuple[int, int]:
@@ -344,111 +324,57 @@ def _grid_size(image_shape: tuple, stride: int, checkpoint_size: int | None, wei
     return size // stride, size // stride
 
 
-def _is_checkpoint_file(weights) -> bool:
-    return isinstance(weights, str) and weights.endswith((".npz", ".safetensors")) and os.path.isfile(weights)
-
-
-def _read_from_file(path: str, config: dict[str, Any], family: dict[str, Any],
-                    classifier: str | None) -> tuple[dict, dict, str, int | None]:
-    """The architecture arguments not given, the family options left at their defaults, the classifier (if
-    None) and the square input side of the position embedding (None without one), from the checkpoint's keys
-    and shapes (headers only). The number of heads, which the PyTorch layouts do not store, comes from
-    `config` (or the variant table)."""
-    shapes, layout = checkpoint_shapes(path)
-    num_heads = config.get("num_heads")
-    hf_config = torch_layout.read_hf_config(path) if layout in torch_layout.HF_LAYOUTS else None
-    if hf_config and "num_heads" in hf_config:
-        if num_heads not in (None, hf_config["num_heads"]):
-            raise ValueError(f"num_heads={num_heads} contradicts the config.json beside {path!r}, whose model has "
-                             f"{hf_config['num_heads']} heads. Leave num_heads=None to take the config's.")
-        num_heads = config["num_heads"] = hf_config["num_heads"]
-    found = read_architecture(shapes, num_heads=num_heads, heads_stored=layout is None)
-    config = dict({key: found[key] for key in ARCHITECTURE_ARGUMENTS}, **config)
-    family = {key: found["options"].get(key, value) if value == FAMILY_DEFAULTS[key] else value
-              for key, value in family.items()}
-    return config, family, classifier or found["classifier"], found.get("image_size")
-
-
-ORIGINAL_NUMERICS = dict(layer_norm_epsilon=vit_layers.LAYER_NORM_EPSILON, gelu_approximate=True, activation="gelu")
-
-
-def _numerics(weights_source, **requested) -> dict[str, Any]:
-    """`layer_norm_epsilon`, `gelu_approximate` and `activation`: the requested value, else the checkpoint's
-    default (a timm / Hugging Face layout's), else the original's. Where the checkpoint fixes an option (a
-    Hugging Face `config.json`), a requested value must agree with it."""
-    fixed = weights_source.numerics if weights_source is not None else {}
-    defaults = {**ORIGINAL_NUMERICS, **(weights_source.default_numerics if weights_source is not None else {})}
-    numerics = {}
-    for option, value in requested.items():
-        if value is not None and option in fixed and value != fixed[option]:
-            raise ValueError(f"{option}={value!r} contradicts the checkpoint {weights_source.location!r}, whose "
-                             f"model uses {option}={fixed[option]!r} (its config.json). Leave {option}=None to "
-                             "take the checkpoint's.")
-        numerics[option] = value if value is not None else fixed.get(option, defaults[option])
-    return numerics
-
-
-def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, classifier_activation,
-             include_preprocessing, classifier, representation_size, position_embedding, dropout_rate,
-             attention_dropout_rate, drop_path_rate, remat, family, grid_size, layer_norm_epsilon,
-             gelu_approximate, activation):
+def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None, classes: int,
+             classifier_activation, include_preprocessing: bool, grid_size: tuple[int, int]):
     """The ViT forward pass on a symbolic image tensor, in paper order."""
     x = image
     if include_preprocessing:
         # Original models take [-1, 1]: x / 127.5 - 1.
         x = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="preprocessing")(x)
-    if config.get("resnet_stages"):
-        x = resnet.resnet_stem(x, config["resnet_stages"])
-    x = vit_layers.PatchEncoder(config["hidden_dim"], config["patch_size"], use_bias=family["patch_bias"],
-                                name="embedding")(x)
-    distilled = family["distillation_token"]
-    prefix = (1 if classifier == "token" else 0) + distilled
-    embedded_prefix = 0 if family["no_embed_class"] else prefix  # the prefix tokens the position table covers
+    if config.resnet_stages:
+        x = resnet.resnet_stem(x, config.resnet_stages)
+    x = vit_layers.PatchEncoder(config.hidden_dim, config.patch_size, use_bias=config.patch_bias, name="embedding")(x)
+    prefix = (config.classifier == "token") + config.distillation_token
+    embedded_prefix = 0 if config.no_embed_class else prefix  # the prefix tokens the position table covers
     if embedded_prefix:
         x = vit_layers.ClassToken(name="cls")(x)
-    if distilled:  # DeiT: [class, distillation, patches], both with a position
+    if config.distillation_token:  # DeiT: [class, distillation, patches], both with a position
         x = vit_layers.RegisterTokens(1, position=1, name="dist_token")(x)
     any_size = None in image.shape[1:3]  # then the table is fitted to each image's grid
-    position = vit_layers.PositionEmbedding(grid_size, embedded_prefix, position_embedding, name="posembed_input",
-                                            patch_stride=variants.total_stride(config) if any_size else None)
+    position = vit_layers.PositionEmbedding(grid_size, embedded_prefix, config.position_embedding,
+                                            name="posembed_input", patch_stride=config.stride if any_size else None)
     x = position(x, image) if any_size else position(x)
-    registers = family["num_register_tokens"]
-    if registers:
-        x = vit_layers.RegisterTokens(registers, position=embedded_prefix, name="registers")(x)
+    if config.num_register_tokens:
+        x = vit_layers.RegisterTokens(config.num_register_tokens, position=embedded_prefix, name="registers")(x)
     if prefix and not embedded_prefix:
         x = vit_layers.ClassToken(name="cls")(x)
-    x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
-    if family["norm_pre"]:
-        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="norm_pre")(x)
-    num_layers = config["num_layers"]
-    for i in range(num_layers):
-        rate = drop_path_rate * i / max(num_layers - 1, 1)
-        x = vit_layers.TransformerBlock(config["num_heads"], config["mlp_dim"], dropout_rate,
-                                        attention_dropout_rate, rate, layer_norm_epsilon=layer_norm_epsilon,
-                                        gelu_approximate=gelu_approximate, activation=activation,
-                                        layer_scale_init=family["layer_scale_init"], qk_norm=family["qk_norm"],
-                                        remat=remat, name=f"encoderblock_{i}")(x)
-    if not family["fc_norm"]:
-        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
+    x = keras.layers.Dropout(config.dropout_rate, name="dropout")(x)
+    if config.norm_pre:
+        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="norm_pre")(x)
+    block_arguments = config.arguments_of(vit_layers.TransformerBlock)
+    for i in range(config.num_layers):
+        rate = config.drop_path_rate * i / max(config.num_layers - 1, 1)  # rising linearly over the blocks
+        x = vit_layers.TransformerBlock(**dict(block_arguments, drop_path_rate=rate), name=f"encoderblock_{i}")(x)
+    if not config.fc_norm:
+        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="encoder_norm")(x)
     if not include_top and pooling is None:
         return x
     tokens = x
-    if classifier == "map" and (include_top or pooling == "map"):
-        x = vit_layers.MAPHead(config["num_heads"], config["mlp_dim"], layer_norm_epsilon, gelu_approximate,
-                               activation, name="MAPHead_0")(x)
+    if config.classifier == "map" and (include_top or pooling == "map"):
+        x = vit_layers.MAPHead(**config.arguments_of(vit_layers.MAPHead), name="MAPHead_0")(x)
     else:
-        method = "avg" if family["fc_norm"] else "token" if include_top and prefix else pooling or "avg"
+        method = "avg" if config.fc_norm else "token" if include_top and prefix else pooling or "avg"
         # Models of 0.2.0 average every token; with the family's options, the patch tokens only (as timm).
-        skipped = prefix + registers if registers or family["fc_norm"] else 0
+        skipped = prefix + config.num_register_tokens if config.num_register_tokens or config.fc_norm else 0
         x = vit_layers.TokenPooling(method, num_prefix_tokens=skipped, name="pool")(x)
-    if family["fc_norm"]:
-        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="fc_norm")(x)
-    if representation_size:
-        x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
+    if config.fc_norm:
+        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="fc_norm")(x)
+    if config.representation_size:
+        x = keras.layers.Dense(config.representation_size, activation="tanh", name="pre_logits")(x)
     if not include_top:
         return x
     x = keras.layers.Dense(classes, kernel_initializer="zeros", name="head", dtype="float32")(x)
-    if distilled:  # DeiT in inference: the mean of the class token's head and the distillation token's
+    if config.distillation_token:  # DeiT in inference: the mean of the class token's head and the distillation one
         distillation = vit_layers.TokenPooling("distillation", name="pool_distillation")(tokens)
         distillation = keras.layers.Dense(classes, kernel_initializer="zeros", name="head_dist",
                                           dtype="float32")(distillation)
@@ -458,73 +384,6 @@ def _forward(image, config: dict[str, Any], *, include_top, pooling, classes, cl
     return x
 
 
-def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, *, variant: str | None = None,
-                  weights: str | None = None, input_shape: Sequence[int] | None = None,
-                  classes: int | None = None) -> keras.Model:
-    """The model a tool was pointed at: a `keras.Model`, a `.keras` file, or a variant to build.
-
-    Args:
-        model_or_path: a `keras.Model`, or the path of a `.keras` file. Give this or `variant`.
-        variant: a variant name ("B/16", "R50+B/16", ...) to build with `weights`.
-        weights: the variant's weights: `None` (random), a path or a registered name.
-        input_shape: the variant's input shape. Defaults to `(224, 224, 3)`.
-        classes: the variant's number of classes. Defaults to the head of `weights` where it
-            has one, else `1000`.
-    """
-    if (model_or_path is None) == (variant is None):
-        raise ValueError("Give exactly one of a model (or `.keras` path) or a `variant`. "
-                         f"Received: model={model_or_path!r}, variant={variant!r}")
-    if isinstance(model_or_path, keras.Model):
-        return model_or_path
-    if model_or_path is not None:
-        path = os.fspath(model_or_path)
-        if not path.endswith(".keras") or not os.path.isfile(path):
-            raise ValueError(f"Expected an existing `.keras` model file. Received: {path!r}")
-        return keras.saving.load_model(path)
-    if classes is None:
-        size = tuple(input_shape or (224, 224, 3))[:2]
-        source = checkpoint_loader.resolve(weights, variant=variant, image_size=size, include_top=False, classes=1)
-        classes = source.head_classes if source is not None and source.head_classes else 1000
-    return VisionTransformer(variant, weights=weights, input_shape=input_shape, classes=classes)
-
-
-class _AttentionProbe(keras.layers.Layer):
-    """Calls a TransformerBlock (sharing its weights) and returns (tokens, attention scores).
-
-    A separate layer because Keras checks a functional graph against each layer's first
-    call: re-calling the block itself with a second output would fail that check.
-    """
-
-    def __init__(self, block: vit_layers.TransformerBlock, **kwargs):
-        super().__init__(name=f"{block.name}_attention", dtype=block.dtype_policy, **kwargs)
-        self.block = block
-
-    def call(self, x, training=None):
-        return self.block(x, training=training, return_attention_scores=True)
-
-
-def attention_model(model: keras.Model) -> keras.Model:
-    """The same model (same weights, no copies) with per-layer attention outputs.
-
-    Returns a model whose outputs are `{"output": <model's output>, "attention": [scores of
-    encoderblock_0, ...]}`, each score (batch, heads, tokens, tokens). The original model
-    is untouched.
-    """
-    vit_layers.transformer_blocks(model)  # a clear error for a model without (top-level) blocks
-    scores = []
-
-    def call_function(layer, *args, **kwargs):
-        if isinstance(layer, vit_layers.TransformerBlock):
-            outputs, attention = _AttentionProbe(layer)(*args, **kwargs)
-            scores.append(attention)
-            return outputs
-        return layer(*args, **kwargs)
-
-    clone = keras.models.clone_model(model, clone_function=lambda layer: layer, call_function=call_function)
-    return keras.Model(clone.input, {"output": clone.output, "attention": scores},
-                       name=f"{model.name}_attention")
-
-
 def _make_builder(builder_name: str, variant: str) -> Callable[..., keras.Model]:
     """A thin public builder (`ViTB16`, ...) for one row of the variant table."""
     model_name = "vit_" + variant.lower().replace("+", "_").replace("/", "")
@@ -532,19 +391,12 @@ def _make_builder(builder_name: str, variant: str) -> Callable[..., keras.Model]
     def builder(include_top: bool = True, weights: str | None = "imagenet", input_tensor=None,
                 input_shape: Sequence[int | None] | None = None, pooling: str | None = None,
                 classes: int = 1000, classifier_activation: str | Callable | None = "softmax",
-                include_preprocessing: bool = True, classifier: str = "token",
-                representation_size: int | None = None, position_embedding: str = "learned",
-                dropout_rate: float = 0.0, attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
-                layer_norm_epsilon: float | None = None, gelu_approximate: bool | None = None,
-                remat: bool = False, name: str = model_name) -> keras.Model:
+                include_preprocessing: bool = True, name: str = model_name, **options: Any) -> keras.Model:
+        variants.check_options(options, builder_name)
         return VisionTransformer(
-            variant, include_top=include_top, weights=weights, input_tensor=input_tensor,
-            input_shape=input_shape, pooling=pooling, classes=classes, classifier_activation=classifier_activation,
-            include_preprocessing=include_preprocessing, classifier=classifier,
-            representation_size=representation_size, position_embedding=position_embedding,
-            dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
-            drop_path_rate=drop_path_rate, layer_norm_epsilon=layer_norm_epsilon,
-            gelu_approximate=gelu_approximate, remat=remat, name=name)
+            variant, include_top=include_top, weights=weights, input_tensor=input_tensor, input_shape=input_shape,
+            pooling=pooling, classes=classes, classifier_activation=classifier_activation,
+            include_preprocessing=include_preprocessing, name=name, **options)
 
     config = variants.VARIANTS[variant]
     paper_name = variant.replace("+", "+ViT-") if "+" in variant else f"ViT-{variant}"

@@ -1,4 +1,5 @@
-"""The one table of ViT variants (paper Table 1, plus Ti/S and B/8, and the hybrids).
+"""The one table of ViT variants (paper Table 1, plus Ti/S and B/8, and the hybrids), and `ViTConfig`, the one
+description of a ViT's forward pass that the builders, the checkpoint reader and the layers share.
 
 Keys are the paper's names without the "ViT-" prefix; hybrids take patch size 1 on the
 ResNet feature map, whose stride is 2 ** (1 + number of stages): (3, 4, 9) gives 16,
@@ -7,7 +8,9 @@ ResNet feature map, whose stride is 2 ** (1 + number of stages): (3, 4, 9) gives
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import difflib
+from typing import Any, Iterator, Mapping
 
 _TINY = dict(hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12)
 _SMALL = dict(hidden_dim=384, mlp_dim=1536, num_heads=6, num_layers=12)
@@ -30,21 +33,184 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "R50+L/32": dict(_LARGE, patch_size=1, resnet_stages=(3, 4, 6, 3)),
 }
 
-def decode_variant(variant: str) -> dict[str, Any]:
-    """Returns the architecture of a variant ("B/16", "ViT-B/16", "ViT-B_16", "R50+ViT-B/16", ...)."""
-    key = variant.replace("ViT-", "").replace("_", "/")
-    if key not in VARIANTS:
-        raise ValueError(f"Unknown variant {variant!r}. Expected one of {sorted(VARIANTS)}.")
+ARCHITECTURE = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers")
+CLASSIFIERS = ("token", "gap", "map")
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
+ACTIVATIONS = ("gelu", "quick_gelu")
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+    """A ViT's forward pass: its architecture, the ViT family's options, its numerics and its regularization.
+
+    `decode_variant` returns one for a row of the variant table; a checkpoint file gives the fields it fixes
+    (`keras_vit.checkpoints.reader`); every field is a keyword of `VisionTransformer` and of the builders
+    (`keras_vit.ViTB16(qk_norm=True)`), and `TransformerBlock` takes the fields its `__init__` names. It reads
+    like a mapping too (`config["num_heads"]`, `dict(config)`, `VisionTransformer(**config)`).
+
+    Adding an option: a field here (with the default that leaves today's models unchanged), its use in a
+    layer or in `models._forward`, its rows in the checkpoint key tables, a row in the tests' family harness
+    (docs/architecture.md has the checklist).
+    """
+
+    # Architecture (paper Table 1). patch_size is on the image, or on the ResNet feature map for hybrids.
+    patch_size: int
+    hidden_dim: int
+    mlp_dim: int
+    num_heads: int
+    num_layers: int
+    resnet_stages: tuple[int, ...] | None = None
+    # Tokens, pooling and head.
+    classifier: str = "token"
+    position_embedding: str = "learned"
+    representation_size: int | None = None
+    # Options of the ViT family (timm's names in brackets).
+    patch_bias: bool = True
+    num_register_tokens: int = 0  # [reg_tokens] DINOv2: 4
+    no_embed_class: bool = False  # [no_embed_class] DeiT-III
+    distillation_token: bool = False  # DeiT distilled
+    norm_pre: bool = False  # [norm_pre] CLIP
+    layer_scale_init: float | None = None  # [init_values] DeiT-III, DINOv2
+    qk_norm: bool = False  # [qk_norm]
+    fc_norm: bool = False  # [fc_norm]
+    # Numerics: the original's (vit_jax) by default.
+    layer_norm_epsilon: float = 1e-6
+    gelu_approximate: bool = True
+    activation: str = "gelu"
+    # Regularization and memory.
+    dropout_rate: float = 0.0
+    attention_dropout_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    remat: bool = False
+
+    def __post_init__(self):
+        stages = self.resnet_stages
+        if stages is not None and not isinstance(stages, tuple):
+            object.__setattr__(self, "resnet_stages", tuple(stages) or None)
+        self._check()
+
+    def _check(self) -> None:
+        for field, allowed in (("classifier", CLASSIFIERS), ("position_embedding", POSITION_EMBEDDINGS),
+                               ("activation", ACTIVATIONS)):
+            value = getattr(self, field)
+            if value not in allowed:
+                hint = (" (the model's own pooling is spelled classifier='gap'; pooling='avg' is the output "
+                        "pooling)") if (field, value) == ("classifier", "avg") else ""
+                raise ValueError(f"Unknown {field} {value!r}. Expected one of {allowed}{hint}.")
+        for field in ARCHITECTURE:
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field} must be a positive int. Received: {field}={value!r}")
+        if self.distillation_token and (self.classifier != "token" or self.num_register_tokens
+                                        or self.no_embed_class or self.fc_norm):
+            raise ValueError("distillation_token=True needs classifier='token' and no register tokens, "
+                             f"no_embed_class or fc_norm. Received: classifier={self.classifier!r}, "
+                             f"num_register_tokens={self.num_register_tokens}, no_embed_class="
+                             f"{self.no_embed_class}, fc_norm={self.fc_norm}")
+
+    # --- derived quantities ---
+    @property
+    def stride(self) -> int:
+        """Pixels per token along each axis: patch size times the ResNet stem's stride."""
+        return total_stride(self)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: class token, distillation token, registers."""
+        return (self.classifier == "token") + self.distillation_token + self.num_register_tokens
+
+    def replace(self, **changes) -> ViTConfig:
+        """A copy with `changes` (checked like the builders' keywords)."""
+        check_options(changes)
+        return dataclasses.replace(self, **changes)
+
+    def arguments_of(self, function) -> dict[str, Any]:
+        """The fields that `function` (e.g. `TransformerBlock`) takes as keyword arguments of the same name."""
+        import inspect
+
+        parameters = inspect.signature(function).parameters
+        return {name: getattr(self, name) for name in OPTIONS if name in parameters}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (`ViTConfig.from_dict` reverses it)."""
+        fields = dataclasses.asdict(self)
+        if fields["resnet_stages"] is not None:
+            fields["resnet_stages"] = list(fields["resnet_stages"])
+        return fields
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> ViTConfig:
+        check_options(fields)
+        return cls(**fields)
+
+    # --- read-only mapping view ---
+    def __getitem__(self, name: str) -> Any:
+        if name not in OPTIONS:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def keys(self) -> tuple[str, ...]:
+        return OPTIONS
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name) if name in OPTIONS else default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(OPTIONS)
+
+
+OPTIONS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(ViTConfig))
+
+
+def check_options(options: Mapping[str, Any], where: str = "ViTConfig") -> None:
+    """Raises TypeError for a name that is not a `ViTConfig` field, naming the closest one and every valid name."""
+    unknown = [name for name in options if name not in OPTIONS]
+    if not unknown:
+        return
+    name = unknown[0]
+    close = difflib.get_close_matches(name, OPTIONS, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise TypeError(f"{where} got an unknown option {name!r}.{hint} Valid options: {', '.join(OPTIONS)}.")
+
+
+def make_config(variant: str | None = None, checkpoint: Mapping[str, Any] | None = None,
+                options: Mapping[str, Any] | None = None, where: str = "VisionTransformer") -> ViTConfig:
+    """The config of a model: the fields a checkpoint file fixes, then the variant's row, then `options` (the
+    user's keywords; a `None` value means "not given"), each overriding the one before.
+
+    Raises:
+        TypeError: an unknown option (with the closest valid name).
+        ValueError: architecture fields missing, or an invalid value.
+    """
+    options = {name: value for name, value in (options or {}).items() if value is not None}
+    check_options(options, where)
+    fields = {**(checkpoint or {}), **(_variant_row(variant) if variant else {}), **options}
+    missing = [name for name in ARCHITECTURE if name not in fields]
+    if missing:
+        raise ValueError(f"{where} needs `variant`, the architecture arguments {missing}, or `weights=` an .npz "
+                         "or .safetensors file that holds them.")
+    return ViTConfig(**fields)
+
+
+def _variant_row(variant: str) -> dict[str, Any]:
+    key = canonical_variant(variant)
     return dict(VARIANTS[key])
+
+
+def decode_variant(variant: str) -> ViTConfig:
+    """The config of a variant ("B/16", "ViT-B/16", "ViT-B_16", "R50+ViT-B/16", ...)."""
+    return ViTConfig(**_variant_row(variant))
 
 
 def canonical_variant(variant: str) -> str:
     """"ViT-B_16" -> "B/16"; raises ValueError for unknown names."""
-    decode_variant(variant)
-    return variant.replace("ViT-", "").replace("_", "/")
+    key = variant.replace("ViT-", "").replace("_", "/")
+    if key not in VARIANTS:
+        raise ValueError(f"Unknown variant {variant!r}. Expected one of {sorted(VARIANTS)}.")
+    return key
 
 
-def total_stride(config: dict[str, Any]) -> int:
+def total_stride(config: Mapping[str, Any]) -> int:
     """Pixels per token along each axis: patch size times the ResNet stem's stride."""
     stages = config.get("resnet_stages")
     return config["patch_size"] * (2 ** (1 + len(stages)) if stages else 1)

@@ -20,7 +20,7 @@ def main(workdir: str) -> None:
 
     import keras_vit
     import keras_vit.fewshot
-    import keras_vit.inspect
+    import keras_vit.inspection
 
     report = {"backend": keras.backend.backend(), "tensorflow_imported": "tensorflow" in sys.modules}
     spec = json.load(open(os.path.join(workdir, "spec.json")))
@@ -43,7 +43,7 @@ def main(workdir: str) -> None:
         report[f"{name} max difference"] = float(np.abs(keras.ops.convert_to_numpy(revived(x)) - expected).max())
     attention = keras_vit.attention_model(model)(x)["attention"]
     logits["attention"] = np.stack([keras.ops.convert_to_numpy(scores) for scores in attention])
-    logits["rollout"] = keras_vit.inspect.attention_rollout(model, x)
+    logits["rollout"] = keras_vit.inspection.attention_rollout(model, x)
     report["fewshot"] = keras_vit.fewshot.digits_accuracy(model, shots=(2,), seeds=1)[2][0]
     keras.utils.set_random_seed(0)
     trainee = keras_vit.VisionTransformer(**spec["train"], weights=None)

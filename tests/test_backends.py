@@ -14,7 +14,7 @@ import pytest
 
 import keras_vit
 import keras_vit.fewshot
-from keras_vit import inspect as vit_inspect
+from keras_vit import inspection as vit_inspect
 from tests.testing import (TINY_HYBRID, TINY_VIT, hf_state_dict, needs, save_checkpoint, save_safetensors,
                            timm_family_state_dict, timm_state_dict, vit_checkpoint)
 

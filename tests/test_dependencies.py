@@ -251,7 +251,8 @@ def test_train_without_tensorboard_says_which_extra_to_install(monkeypatch):
 
 def test_command_constants_equal_the_library_ones():
     """The parsers spell a few library constants so that --help imports no TensorFlow."""
-    from keras_vit import fewshot, inspect
+    from keras_vit import fewshot
+    from keras_vit import inspection as inspect
     from keras_vit.cli import export as export_cli
     from keras_vit.cli import fewshot as fewshot_cli
     from keras_vit.cli import inspect as inspect_cli

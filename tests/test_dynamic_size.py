@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import inspect as vit_inspect
+from keras_vit import inspection as vit_inspect
 from keras_vit import layers as vit_layers
 from keras_vit import models
 from keras_vit.checkpoints import loader, npz
@@ -205,7 +205,7 @@ def test_features_and_attention_models(checkpoint, any_size_model):
     for scores, reference in zip(attention, keras_vit.attention_model(fixed)(images)["attention"]):
         assert scores.shape == (2, 3, 16, 16)
         np.testing.assert_allclose(to_numpy(scores), to_numpy(reference), atol=1e-6, rtol=0)
-    with pytest.raises(ValueError, match="keras_vit.inspect needs a model of a fixed input size"):
+    with pytest.raises(ValueError, match="keras_vit.inspection needs a model of a fixed input size"):
         vit_inspect.attention_rollout(any_size_model, images)
 
 

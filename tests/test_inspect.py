@@ -1,4 +1,4 @@
-"""Tests of keras_vit.inspect, keras_vit.fewshot and their command lines, on tiny models."""
+"""Tests of keras_vit.inspection, keras_vit.fewshot and their command lines, on tiny models."""
 
 import itertools
 import math
@@ -12,8 +12,9 @@ import pytest
 from PIL import Image
 
 import keras_vit
+import keras_vit.model_files
 from keras_vit import fewshot
-from keras_vit import inspect as vit_inspect
+from keras_vit import inspection as vit_inspect
 from keras_vit.cli import fewshot as fewshot_cli
 from keras_vit.cli import inspect as inspect_cli
 from tests.testing import TINY_VIT, digits_few_shot_reference
@@ -286,7 +287,7 @@ def test_command_line_needs_one_model_source(tmp_path, capsys):
         inspect_cli.main(["--model", "m.keras", "--weights", "w.npz", "--image", "x.png", "--out", str(tmp_path)])
     assert "--weights needs --variant" in capsys.readouterr().err
     with pytest.raises(ValueError, match="exactly one"):
-        keras_vit.models.load_or_build(None)
+        keras_vit.model_files.load_or_build(None)
 
 
 @pytest.mark.slow

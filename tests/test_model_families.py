@@ -100,7 +100,9 @@ def run_model_test(family: Family, tmp_path) -> tuple[keras.Model, np.ndarray]:
     np.testing.assert_allclose(logits, family.reference(arrays, x), atol=ATOL, rtol=0)
     np.testing.assert_allclose(model.predict(x, verbose=0), logits, atol=1e-5, rtol=0)
 
+    assert model.vit_config == keras_vit.ViTConfig(**{**dict(model.vit_config), **family.config})
     from_config = keras_vit.models.ViTModel.from_config(model.get_config())
+    assert from_config.vit_config == model.vit_config
     assert unbuilt_layers(from_config) == []
     from_config.set_weights(model.get_weights())
     np.testing.assert_array_equal(outputs(from_config, x), logits)
@@ -108,6 +110,7 @@ def run_model_test(family: Family, tmp_path) -> tuple[keras.Model, np.ndarray]:
     model.save(tmp_path / "model.keras")
     loaded = keras.saving.load_model(tmp_path / "model.keras")  # safe mode, no custom_objects
     np.testing.assert_array_equal(outputs(loaded, x), logits)
+    assert loaded.vit_config == model.vit_config
     assert [w.path for w in loaded.weights] == [w.path for w in model.weights]
 
     model.save_weights(tmp_path / "model.weights.h5")
@@ -124,6 +127,35 @@ FAST_FAMILIES = ("vit", "dinov2_registers")  # the rest run in the full suite on
                                   for name in sorted(FAMILIES)])
 def test_family(name, tmp_path):
     run_model_test(FAMILIES[name], tmp_path)
+
+
+# Every option of the ViT family, and the numerics, as `ViTConfig` fields that some family sets.
+FAMILY_OPTIONS = ("classifier", "representation_size", "patch_bias", "num_register_tokens", "no_embed_class",
+                  "distillation_token", "norm_pre", "layer_scale_init", "qk_norm", "fc_norm", "layer_norm_epsilon",
+                  "gelu_approximate", "activation")
+
+
+def test_families_cover_every_family_option():
+    assert set(FAMILY_OPTIONS) <= set(keras_vit.variants.OPTIONS)
+    assert {option for family in FAMILIES.values() for option in family.config} >= set(FAMILY_OPTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_through_a_variant_builder(name):
+    """`keras_vit.ViTTi16(qk_norm=True, ...)`: every family's options as keywords of a public builder (the tiny
+    architecture too) give the model `VisionTransformer` builds, the same config and the same logits."""
+    family = FAMILIES[name]
+    builder = keras_vit.R50ViTB16 if "resnet_stages" in family.config else keras_vit.ViTTi16
+    built = builder(weights=None, input_shape=family.input_shape, classes=10, classifier_activation=None,
+                    **family.config)
+    direct = build(family)
+    assert built.vit_config == direct.vit_config
+    for option, value in family.config.items():
+        assert getattr(built.vit_config, option) == (tuple(value) if isinstance(value, list) else value), option
+    randomize(direct, seed=2)
+    built.set_weights(direct.get_weights())
+    x = images(family.input_shape)
+    np.testing.assert_array_equal(outputs(built, x), outputs(direct, x))
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ def test_library_modules_import_without_plotting_image_or_dataset_packages():
     script = ("import sys\n"
               "for name in ('matplotlib', 'PIL', 'sklearn'):\n"
               "    sys.modules[name] = None  # any import of them raises ImportError\n"
-              "import keras_vit, keras_vit.inspect, keras_vit.fewshot, keras_vit.convert, keras_vit.datasets\n"
+              "import keras_vit, keras_vit.inspection, keras_vit.fewshot, keras_vit.convert, keras_vit.datasets\n"
               "import keras_vit.torch_checkpoints, keras_vit.weights\n"
               "try:\n"
               "    keras_vit.datasets.digits()\n"
@@ -50,18 +50,31 @@ def test_library_modules_import_without_plotting_image_or_dataset_packages():
     assert done.stdout.strip().splitlines()[-1] == "The digits ship with scikit-learn: `pip install scikit-learn`."
 
 
-def test_the_0_2_checkpoint_module_paths_re_export_keras_vit_checkpoints():
-    """`keras_vit.weights` and `keras_vit.torch_checkpoints` stay importable for users."""
+@pytest.mark.parametrize("module, new", [("keras_vit.weights", "keras_vit.checkpoints.loader"),
+                                         ("keras_vit.torch_checkpoints", "keras_vit.checkpoints.safetensors_file")])
+def test_the_0_2_checkpoint_module_paths_warn_and_re_export_keras_vit_checkpoints(module, new):
+    """`keras_vit.weights` and `keras_vit.torch_checkpoints` stay importable for 0.2 users, with a warning naming
+    the new import (a fresh interpreter: the warning comes at the first import)."""
+    script = (f"import warnings\nwarnings.simplefilter('error', DeprecationWarning)\n"
+              f"try:\n    import {module}\nexcept DeprecationWarning as warning:\n    print(warning)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": ":".join(sys.path),
+                               "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"{module} is deprecated: import from {new}" in done.stdout
+    import importlib
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module(module)
     import keras_vit.convert
-    import keras_vit.torch_checkpoints
-    import keras_vit.weights
     from keras_vit.checkpoints import loader, npz, registry, safetensors_file, torch_layout
-    assert (keras_vit.weights.load, keras_vit.weights.resolve) == (loader.load, loader.resolve)
-    assert (keras_vit.weights.KEY_TABLE, keras_vit.weights.fetch) == (npz.KEY_TABLE, registry.fetch)
-    assert keras_vit.torch_checkpoints.read_safetensors is safetensors_file.read_safetensors
-    assert keras_vit.torch_checkpoints.translate is torch_layout.translate
-    assert keras_vit.torch_checkpoints.convert_checkpoint is keras_vit.convert.convert_checkpoint
-    assert callable(keras_vit.convert.convert_npz) and callable(keras_vit.torch_checkpoints.convert_safetensors)
+    if module == "keras_vit.weights":
+        assert (old.load, old.resolve, old.KEY_TABLE, old.fetch) == (loader.load, loader.resolve, npz.KEY_TABLE,
+                                                                     registry.fetch)
+    else:
+        assert (old.read_safetensors, old.translate) == (safetensors_file.read_safetensors, torch_layout.translate)
+        assert callable(old.convert_safetensors) and callable(keras_vit.convert.convert_npz)
 
 
 # ---------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 import scipy.ndimage
 
 import keras_vit
+import keras_vit.model_files
 import keras_vit.convert
 from keras_vit.checkpoints import loader, registry
 from keras_vit.cli import convert
@@ -397,12 +398,12 @@ def test_tools_build_a_variant_with_the_head_of_its_weights(tmp_path):
     arrays = vit_checkpoint(dict(patch_size=16, hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12), grid=2,
                             classes=7)
     path = save_checkpoint(tmp_path / "ti16_7.npz", arrays)
-    model = keras_vit.models.load_or_build(variant="Ti/16", weights=path, input_shape=(32, 32, 3))
+    model = keras_vit.model_files.load_or_build(variant="Ti/16", weights=path, input_shape=(32, 32, 3))
     assert model.output.shape == (None, 7)
     np.testing.assert_array_equal(model.get_layer("head").kernel.numpy(), arrays["head/kernel"])
-    assert keras_vit.models.load_or_build(variant="Ti/16", input_shape=(32, 32, 3)).output.shape == (None, 1000)
+    assert keras_vit.model_files.load_or_build(variant="Ti/16", input_shape=(32, 32, 3)).output.shape == (None, 1000)
     with pytest.raises(ValueError, match="has a 7-class head"):
-        keras_vit.models.load_or_build(variant="Ti/16", weights=path, input_shape=(32, 32, 3), classes=10)
+        keras_vit.model_files.load_or_build(variant="Ti/16", weights=path, input_shape=(32, 32, 3), classes=10)
 
 
 def test_converter_rejects_wrong_variant(vit_file, tmp_path, capsys):

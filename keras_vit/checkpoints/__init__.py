@@ -6,7 +6,8 @@ Layout code (data plus pure NumPy; never imports `keras_vit.models` or `keras_vi
     npz               the original `.npz` layout: reading, `KEY_TABLE`, position-embedding resampling
     safetensors_file  reading `.safetensors` files without torch; PyTorch pickle files refused
     torch_layout      timm and Hugging Face state dicts translated into the `.npz` layout
-    architecture      one architecture reader for every format
+    architecture      one architecture reader for every format (on shapes: opens no file)
+    reader            `read_checkpoint`: one read of a file's header and config.json, a `CheckpointFile`
 
 Into a model:
 
@@ -14,6 +15,5 @@ Into a model:
 
 The one converter for every format, `keras_vit.convert`, builds models, so it sits above them, outside
 this package. The dependencies run one way: convert -> models -> loader -> layout code. `lint-imports`
-(`.importlinter`, run by tests/test_architecture.py) checks it. `keras_vit.weights` and
-`keras_vit.torch_checkpoints` re-export these modules under their 0.2 paths.
+(`.importlinter`, run by tests/test_architecture.py) checks it.
 """

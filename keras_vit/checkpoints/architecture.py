@@ -1,9 +1,8 @@
 """The architecture of a checkpoint, read from its key names and shapes: one reader for every format.
 
-Every format is first seen in the original `.npz` layout (`checkpoint_shapes`: an `.npz` file as it is,
+Every format is first seen in the original `.npz` layout (`reader.read_checkpoint`: an `.npz` file as it is,
 a timm / Hugging Face `.safetensors` file through `torch_layout.npz_shapes`), then `read_architecture`
-reads the `VisionTransformer` arguments from those shapes. Reads no tensor data of a `.safetensors`
-or `.npz` file. Pure NumPy.
+reads the `ViTConfig` fields from those shapes. Pure Python on shapes: opens no file.
 """
 
 from __future__ import annotations
@@ -13,27 +12,10 @@ import re
 from typing import Mapping, Sequence
 
 from keras_vit import variants
-from keras_vit.checkpoints import npz, safetensors_file, torch_layout
+from keras_vit.checkpoints import npz
 
-# The `VisionTransformer` arguments that fix the architecture, as `read_architecture` returns them.
-ARCHITECTURE_ARGUMENTS = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers", "resnet_stages")
 _MLP = "encoderblock_0/MlpBlock_3/Dense_0/kernel"
 _QUERY = "encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
-
-
-def checkpoint_shapes(path: str) -> tuple[dict[str, tuple[int, ...]], str | None]:
-    """(`.npz`-layout key -> shape, PyTorch layout or None) of an `.npz` or `.safetensors` file.
-
-    Raises:
-        ValueError: unreadable file, unknown layout, or a model feature keras_vit does not implement.
-    """
-    safetensors_file.refuse_pickle(path)
-    if not path.endswith(".safetensors"):
-        return npz.read_npz_shapes(path), None
-    shapes = {name: info.shape for name, info in safetensors_file.read_header(path).items()}
-    layout = torch_layout.detect_layout(shapes)
-    torch_layout.check_supported(shapes, layout, origin=path)
-    return torch_layout.npz_shapes(shapes, layout), layout
 
 
 def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | None = None,
@@ -76,7 +58,7 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
         side = math.isqrt(shapes[npz.POSEMB_KEY][1] - embedded)
         found["image_size"] = side * variants.total_stride(found)
     if num_heads is not None or variant is not None:
-        return dict(found, num_heads=num_heads or variants.decode_variant(variant)["num_heads"])
+        return dict(found, num_heads=num_heads or variants.decode_variant(variant).num_heads)
     if heads_stored:
         return found
     for config in variants.VARIANTS.values():

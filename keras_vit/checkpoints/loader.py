@@ -20,7 +20,7 @@ import keras
 import numpy as np
 
 from keras_vit.checkpoints import npz, registry, safetensors_file, torch_layout
-from keras_vit.checkpoints.architecture import checkpoint_shapes
+from keras_vit.checkpoints.reader import KERAS_WEIGHTS, CheckpointFile, read_checkpoint
 
 _TOP_LAYERS = ("pre_logits", "head")
 _POSEMB_PATH = "posembed_input/pos_embedding"
@@ -33,32 +33,29 @@ class WeightsSource:
     Attributes:
         location: str. Local path, or the URL of a registered checkpoint (fetched on load).
         checkpoint: the registry entry, or None for a local file.
+        file: the `reader.CheckpointFile` of a local file (read once, its header kept for the load), or None.
         representation_size: int or None. `pre_logits` width the model should be built with
             when the caller left `representation_size=None`: the checkpoint's, if its head is
             going to be loaded (`include_top=True`), else None.
-        numerics: model options the checkpoint's model fixes (`layer_norm_epsilon`, `gelu_approximate`,
-            `activation`): a Hugging Face file with its `config.json`; empty otherwise.
-        default_numerics: those options where the file does not fix them and the user gives none: a timm
-            or Hugging Face file's layout defaults (`torch_layout.NUMERICS`); empty for `.npz` files.
         head_classes: int or None. Width of the checkpoint's head; None when it has none or
             when the file does not say (`.weights.h5`).
     """
 
     location: str
     checkpoint: registry.Checkpoint | None = None
+    file: CheckpointFile | None = None
     representation_size: int | None = None
-    numerics: dict = dataclasses.field(default_factory=dict)
-    default_numerics: dict = dataclasses.field(default_factory=dict)
     head_classes: int | None = None
 
 
-def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, int], include_top: bool,
-            classes: int) -> WeightsSource | None:
+def resolve(weights: str | CheckpointFile | None, *, variant: str | None, image_size: tuple[int, int],
+            include_top: bool, classes: int) -> WeightsSource | None:
     """Validates `weights=` without downloading anything.
 
     Args:
-        weights: None, `"imagenet"`, a registered tag (see `keras_vit.list_weights`), or a path to an
-            `.npz` checkpoint, a `.weights.h5` file or a timm / Hugging Face `.safetensors` file.
+        weights: None, `"imagenet"`, a registered tag (see `keras_vit.list_weights`), a path to an
+            `.npz` checkpoint, a `.weights.h5` file or a timm / Hugging Face `.safetensors` file, or the
+            `CheckpointFile` of one (`reader.read_checkpoint`: then the file is not read again).
         variant: str or None. The model's variant; registered names need one.
         image_size: (int, int). The model's input height and width.
         include_top: bool. Whether the model has a head.
@@ -68,21 +65,36 @@ def resolve(weights: str | None, *, variant: str | None, image_size: tuple[int, 
         None for `weights=None`, else a `WeightsSource`.
 
     Raises:
+        FileNotFoundError: a path that does not exist.
         ValueError: unknown name or unreadable file; or, as `keras.applications`, pretrained weights
             with `include_top=True` and `classes` other than the checkpoint's head (a new head would be
             all zeros under softmax: every prediction uniform).
     """
     if weights is None:
         return None
-    if not isinstance(weights, str):
+    if isinstance(weights, CheckpointFile):
+        source = _resolve_file(weights)
+    elif not isinstance(weights, str):
         raise ValueError(f"`weights` must be None, a registered name or a file path. Received: {weights!r}")
-    check_file_exists(weights)
-    source = _resolve_file(weights) if os.path.isfile(weights) else _resolve_name(weights, variant, image_size)
+    else:
+        check_file_exists(weights)
+        source = (_resolve_file(read_checkpoint(weights)) if os.path.isfile(weights)
+                  else _resolve_name(weights, variant, image_size))
     if not include_top:
         return dataclasses.replace(source, representation_size=None)
-    if not source.location.endswith(".h5"):  # A Keras weights file does not say; Keras checks it on load.
-        _check_head(weights, source.head_classes, classes)
+    if source.file is None or source.file.layout != KERAS_WEIGHTS:  # A Keras weights file does not say.
+        _check_head(weights if isinstance(weights, str) else source.location, source.head_classes, classes)
     return source
+
+
+def local_file(weights: str | CheckpointFile | None) -> CheckpointFile | None:
+    """The `CheckpointFile` of a `weights=` value that is a local weights file (read once), the given one, or None
+    (no weights, or a registered name)."""
+    if isinstance(weights, CheckpointFile):
+        return weights
+    if isinstance(weights, str) and os.path.isfile(weights):
+        return read_checkpoint(weights)
+    return None
 
 
 WEIGHTS_SUFFIXES = (".npz", ".safetensors", ".h5", ".keras", *safetensors_file.PICKLE_SUFFIXES)
@@ -117,29 +129,13 @@ def _resolve_name(weights: str, variant: str | None, image_size: tuple[int, int]
                          f"name. Expected None, a path to a .npz, .weights.h5 or .safetensors file, or one of "
                          f"{names}.")
     entry = registry.pick(candidates, image_size, tags)
-    return WeightsSource(entry.url, entry, entry.representation_size, head_classes=entry.classes)
+    return WeightsSource(entry.url, entry, representation_size=entry.representation_size, head_classes=entry.classes)
 
 
-def _check_file_kind(path: str) -> None:
-    """Refuses pickle files (never opened) and whole-model `.keras` files, saying what to use."""
-    safetensors_file.refuse_pickle(path)
-    if path.endswith(".keras"):
-        raise ValueError(f"{path!r} is a whole Keras model, not a weights file: load it with "
-                         "`keras.saving.load_model(path)`. Weights files are `.npz` and `.safetensors` "
-                         "checkpoints and `.weights.h5`.")
-
-
-def _resolve_file(path: str) -> WeightsSource:
-    """A local file; an `.npz` or `.safetensors` file is opened to read its head and pre-logits widths
-    (and the layout, hence the numerics, of a `.safetensors` file), reading no tensor data."""
-    _check_file_kind(path)
-    if path.endswith(".h5"):
-        return WeightsSource(path)
-    shapes, layout = checkpoint_shapes(path)
-    width = {key: shapes[key][0] for key in ("head/bias", "pre_logits/bias") if key in shapes}
-    fixed, defaults = torch_layout.file_numerics(path, layout)
-    return WeightsSource(path, representation_size=width.get("pre_logits/bias"), head_classes=width.get("head/bias"),
-                         numerics=fixed, default_numerics=defaults)
+def _resolve_file(file: CheckpointFile) -> WeightsSource:
+    """A local file, as `read_checkpoint` read it: its head and pre-logits widths."""
+    return WeightsSource(file.path, file=file, representation_size=file.representation_size,
+                         head_classes=file.head_classes)
 
 
 def _check_head(weights: str, checkpoint_classes: int | None, classes: int) -> None:
@@ -156,7 +152,7 @@ def _check_head(weights: str, checkpoint_classes: int | None, classes: int) -> N
             f"head: `keras_vit.ViTModel(backbone.input, keras.layers.Dense({classes})(backbone.output))`.")
 
 
-def load(model: keras.Model, source: WeightsSource | str) -> None:
+def load(model: keras.Model, source: WeightsSource | CheckpointFile | str) -> None:
     """Loads weights into a model built by `keras_vit`; all-or-nothing for `.npz` and `.safetensors` files.
 
     A timm / Hugging Face `.safetensors` file needs a model built with its numerics: build it
@@ -164,40 +160,43 @@ def load(model: keras.Model, source: WeightsSource | str) -> None:
 
     Args:
         model: a `keras.Model` from `keras_vit.VisionTransformer` or a variant builder.
-        source: a `WeightsSource` from `resolve`, or a path to an `.npz` checkpoint, a
+        source: a `WeightsSource` from `resolve`, a `CheckpointFile`, or a path to an `.npz` checkpoint, a
             `.weights.h5` file or a `.safetensors` file.
 
     Raises:
+        FileNotFoundError: no such file.
         ValueError: unreadable file, or a checkpoint that does not fit the model (the error
             lists every missing key, unexpected key and shape mismatch); the model is unchanged.
     """
-    if isinstance(source, str):
-        source = WeightsSource(source)
-    path = registry.fetch(source.checkpoint) if source.checkpoint else source.location
-    _check_file_kind(path)
-    if path.endswith(".h5"):
-        model.load_weights(path)
-        return
-    if path.endswith(".safetensors"):
-        assignments = _plan_safetensors(model, path)
+    if isinstance(source, (str, os.PathLike)):
+        source = os.fspath(source)
+        check_file_exists(source)
+        file = read_checkpoint(source)
+    elif isinstance(source, CheckpointFile):
+        file = source
     else:
-        assignments = plan_assignments(model, npz.read_npz(path), origin=path)
+        file = source.file or read_checkpoint(registry.fetch(source.checkpoint))
+    if file.layout == KERAS_WEIGHTS:
+        model.load_weights(file.path)
+        return
+    if file.header is not None:
+        assignments = _plan_safetensors(model, file)
+    else:
+        assignments = plan_assignments(model, npz.read_npz(file.path), origin=file.path)
     for variable, value in assignments:
         variable.assign(value)
     _warn_if_zero_head(model, assignments)
 
 
-def _plan_safetensors(model: keras.Model, path: str) -> list[tuple[keras.Variable, np.ndarray]]:
+def _plan_safetensors(model: keras.Model, file: CheckpointFile) -> list[tuple[keras.Variable, np.ndarray]]:
     """`plan_assignments` for a timm / Hugging Face file, its problems named by the file's keys."""
-    tensors = safetensors_file.read_safetensors(path)
-    layout = torch_layout.detect_layout(tensors)
-    torch_layout.check_supported({key: value.shape for key, value in tensors.items()}, layout, origin=path)
+    tensors = safetensors_file.read_safetensors(file.path, header=file.header)
     queries = [variable for variable in model.weights
                if variable.path.endswith("MultiHeadDotProductAttention_1/query/kernel")]
     num_heads = queries[0].shape[1] if queries else 1
-    translation = torch_layout.translate(tensors, layout, num_heads)
-    sources = torch_layout.weight_sources(layout, len(queries), torch_layout.hf_prefix(tensors))
-    return plan_assignments(model, translation.arrays, origin=path, source_keys=translation.source_keys,
+    translation = torch_layout.translate(tensors, file.layout, num_heads)
+    sources = torch_layout.weight_sources(file.layout, len(queries), torch_layout.hf_prefix(tensors))
+    return plan_assignments(model, translation.arrays, origin=file.path, source_keys=translation.source_keys,
                             weight_sources=sources, problems=translation.problems)
 
 

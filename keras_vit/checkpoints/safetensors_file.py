@@ -90,9 +90,10 @@ def read_header(path: str) -> dict[str, TensorInfo]:
     return tensors
 
 
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
-    """Reads every tensor of a `.safetensors` file as float32 NumPy arrays (no torch needed)."""
-    header = read_header(path)
+def read_safetensors(path: str, header: dict[str, TensorInfo] | None = None) -> dict[str, np.ndarray]:
+    """Reads every tensor of a `.safetensors` file as float32 NumPy arrays (no torch needed); `header`, if given,
+    is the file's `read_header` (not read again)."""
+    header = read_header(path) if header is None else header
     arrays = {}
     with open(path, "rb") as file:
         for name, info in header.items():

@@ -152,19 +152,6 @@ def read_hf_config(path: str) -> dict | None:
     return found
 
 
-def file_numerics(path: str, layout: str | None) -> tuple[dict, dict]:
-    """(fixed, defaults) numerics of a weights file: a Hugging Face file with its `config.json` fixes all three
-    (`NUMERICS` for what the config leaves at the class default); otherwise they are defaults a user may
-    replace. `.npz` files (layout None): none."""
-    if layout is None:
-        return {}, {}
-    config = read_hf_config(path) if layout in HF_LAYOUTS else None
-    if config is None:
-        return {}, dict(NUMERICS[layout])
-    config.pop("num_heads", None)
-    return dict(NUMERICS[layout], **config), {}
-
-
 # ---------------------------------------------------------------------------------------
 # Translation into the original .npz layout
 # ---------------------------------------------------------------------------------------

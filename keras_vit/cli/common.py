@@ -39,11 +39,11 @@ def model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """The model the `add_model_arguments` flags select; `input_shape`, if given, replaces `--image-size`'s."""
     if args.weights and not args.variant:
         parser.error("--weights needs --variant (a .keras model carries its own weights).")
-    from keras_vit import models
+    from keras_vit import model_files
 
     height, width = image_size(parser, args.image_size)
-    return models.load_or_build(args.model, variant=args.variant, weights=args.weights,
-                                input_shape=input_shape or (height, width, 3), classes=args.classes)
+    return model_files.load_or_build(args.model, variant=args.variant, weights=args.weights,
+                                     input_shape=input_shape or (height, width, 3), classes=args.classes)
 
 
 def load_image(path: str, height: int, width: int, channels: int) -> np.ndarray:

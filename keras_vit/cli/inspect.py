@@ -14,7 +14,7 @@ import numpy as np
 from keras_vit import cli
 from keras_vit.cli import common
 
-# keras_vit.inspect.FIGURES, spelled here so that --help needs no backend (a test checks that they agree).
+# keras_vit.inspection.FIGURES, spelled here so that --help needs no backend (a test checks that they agree).
 FIGURES = ("attention_rollout.png", "mean_attention_distance.png", "position_embedding_similarity.png",
            "embedding_filters.png")
 
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     cli.require("keras-vit-inspect", "inspect")
-    from keras_vit import inspect
+    from keras_vit import inspection as inspect
 
     model = common.model_from_args(parser, args)
     height, width, channels = model.inputs[0].shape[1:]

@@ -11,8 +11,8 @@ import numpy as np
 from keras import ops
 
 from keras_vit import kernels
+from keras_vit.variants import POSITION_EMBEDDINGS
 
-POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
 POOLINGS = ("token", "avg")
 
 _register = keras.saving.register_keras_serializable(package="keras_vit")

@@ -26,7 +26,6 @@ import numpy as np
 
 from keras_vit import features
 from keras_vit import layers as vit_layers
-from keras_vit import models as vit_models
 
 FILTER_CHANNELS = (1, 3)
 FIGURES = ("attention_rollout.png", "mean_attention_distance.png", "position_embedding_similarity.png",
@@ -52,7 +51,7 @@ def token_layout(model: keras.Model) -> tuple[tuple[int, int], int, tuple[int, i
     """
     position = _find_layer(model, vit_layers.PositionEmbedding)
     if position.patch_stride is not None:
-        raise ValueError(f"keras_vit.inspect needs a model of a fixed input size, but model {model.name!r} takes any "
+        raise ValueError(f"keras_vit.inspection needs a model of a fixed input size, but model {model.name!r} takes any "
                          "size: build it at your images' size, input_shape=(height, width, 3), from the same weights.")
     (rows, columns), (height, width) = position.grid_size, model.inputs[0].shape[1:3]
     return (rows, columns), features.num_prefix_tokens(model), (height // rows, width // columns)
@@ -71,7 +70,7 @@ def _as_batch(model: keras.Model, images) -> np.ndarray:
 
 def _attention_batches(model: keras.Model, images, batch_size: int) -> Iterator[list[np.ndarray]]:
     """Yields, per batch of images, the list of per-layer attention weights (batch, heads, T, T)."""
-    probe = vit_models.attention_model(model)
+    probe = features.attention_model(model)
     images = _as_batch(model, images)
     for start in range(0, len(images), batch_size):
         outputs = probe(images[start:start + batch_size], training=False)

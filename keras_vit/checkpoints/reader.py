@@ -1,0 +1,124 @@
+"""One read of a weights file: `read_checkpoint(path)` turns an `.npz`, `.safetensors` (with the Hugging Face
+`config.json` beside it) or `.weights.h5` file into a `CheckpointFile`, the summary the model builder and the
+loader share: its layout, its keys' shapes in the original `.npz` layout, the `ViTConfig` fields it fixes, its
+head. It reads headers only (no tensor data), once; the loader reads the tensors with the header it kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+from keras_vit.checkpoints import npz, safetensors_file, torch_layout
+from keras_vit.checkpoints.architecture import read_architecture
+
+KERAS_WEIGHTS = "keras"  # the layout of a `.weights.h5` file: keras_vit's own weight paths
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointFile:
+    """What a weights file says about the model that fits it.
+
+    Attributes:
+        path: the file.
+        layout: `None` for an original `.npz` file, a `torch_layout` layout name for a timm / Hugging Face
+            `.safetensors` file, `"keras"` for a `.weights.h5` file.
+        shapes: `.npz`-layout key -> shape (empty for `.weights.h5`, which the loader leaves to Keras).
+        header: the `.safetensors` header (tensor name -> dtype, shape, offsets), or None.
+        hf_config: what the Hugging Face `config.json` beside the file sets (numerics, `num_heads`), or None.
+    """
+
+    path: str
+    layout: str | None
+    shapes: Mapping[str, tuple[int, ...]]
+    header: Mapping[str, safetensors_file.TensorInfo] | None = None
+    hf_config: Mapping[str, Any] | None = None
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        """The `ViTConfig` fields the file's config.json fixes (a contradicting value is an error)."""
+        if self.layout not in torch_layout.HF_LAYOUTS or self.hf_config is None:
+            return {}
+        return {**torch_layout.NUMERICS[self.layout], **self.hf_config}
+
+    @property
+    def default_numerics(self) -> dict[str, Any]:
+        """The numerics of the file's layout where its config.json does not fix them (empty for `.npz`)."""
+        if self.layout in (None, KERAS_WEIGHTS) or self.fixed:
+            return {}
+        return dict(torch_layout.NUMERICS[self.layout])
+
+    def architecture(self, num_heads: int | None = None) -> dict[str, Any]:
+        """`read_architecture` of the file's shapes (the PyTorch layouts do not store the number of heads: it is
+        `num_heads`, the config.json's, or that of the variant of the same shape)."""
+        num_heads = self.fixed.get("num_heads", num_heads)
+        return read_architecture(self.shapes, num_heads=num_heads, heads_stored=self.layout is None)
+
+    def config_fields(self, num_heads: int | None = None) -> dict[str, Any]:
+        """The `ViTConfig` fields the file gives: architecture, classifier, family options and numerics."""
+        if self.layout == KERAS_WEIGHTS:
+            return {}
+        found = self.architecture(num_heads)
+        architecture = {name: found[name] for name in ("patch_size", "hidden_dim", "mlp_dim", "num_heads",
+                                                       "num_layers", "resnet_stages")}
+        return {**self.default_numerics, **self.fixed, **architecture, "classifier": found["classifier"],
+                **found["options"]}
+
+    def check_agrees(self, given: Mapping[str, Any]) -> None:
+        """Raises ValueError where a given field contradicts the file's config.json."""
+        for name, fixed in self.fixed.items():
+            value = given.get(name)
+            if value is not None and value != fixed:
+                raise ValueError(f"{name}={value!r} contradicts the config.json beside {self.path!r}, whose model "
+                                 f"has {name}={fixed!r}. Leave {name} out (or None) to take the config's.")
+
+    def width(self, key: str) -> int | None:
+        """The first dimension of an `.npz`-layout key (`head/bias`: the classes), or None without it."""
+        return self.shapes[key][0] if key in self.shapes else None
+
+    @property
+    def head_classes(self) -> int | None:
+        return self.width("head/bias")
+
+    @property
+    def representation_size(self) -> int | None:
+        return self.width("pre_logits/bias")
+
+    @property
+    def image_size(self) -> int | None:
+        """The square input side its position embedding was trained at (None without one)."""
+        return read_architecture(self.shapes, num_heads=1).get("image_size") if self.shapes else None
+
+
+def check_file_kind(path: str) -> None:
+    """Refuses pickle files (never opened) and whole-model `.keras` files, saying what to use."""
+    safetensors_file.refuse_pickle(path)
+    if path.endswith(".keras"):
+        raise ValueError(f"{path!r} is a whole Keras model, not a weights file: load it with "
+                         "`keras.saving.load_model(path)`. Weights files are `.npz` and `.safetensors` "
+                         "checkpoints and `.weights.h5`.")
+
+
+def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
+    """Reads a weights file's header (and a Hugging Face `config.json` beside it) once.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a pickle or `.keras` file, an unreadable file, an unknown layout, or model features keras_vit
+            does not implement (named by key).
+    """
+    path = os.fspath(path)
+    check_file_kind(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights={path!r}: no such file (relative to {os.getcwd()!r}).")
+    if path.endswith(".h5"):
+        return CheckpointFile(path, KERAS_WEIGHTS, {})
+    if not path.endswith(".safetensors"):
+        return CheckpointFile(path, None, npz.read_npz_shapes(path))
+    header = safetensors_file.read_header(path)
+    shapes = {name: info.shape for name, info in header.items()}
+    layout = torch_layout.detect_layout(shapes)
+    torch_layout.check_supported(shapes, layout, origin=path)
+    hf_config = torch_layout.read_hf_config(path) if layout in torch_layout.HF_LAYOUTS else None
+    return CheckpointFile(path, layout, torch_layout.npz_shapes(shapes, layout), header, hf_config)

@@ -1,0 +1,158 @@
+"""`ViTConfig`: one frozen config for the architecture, the family options and the numerics; every option is a
+keyword of the builders; a misspelled one fails before anything is built; a weights file is read once."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import models, variants
+from keras_vit.checkpoints import loader, reader, safetensors_file, torch_layout
+from tests.testing import TINY_VIT, hf_state_dict, save_checkpoint, save_safetensors, vit_checkpoint
+
+
+def test_decode_variant_returns_a_config_that_reads_like_the_table_row():
+    config = keras_vit.decode_variant("ViT-B_16")
+    assert isinstance(config, keras_vit.ViTConfig) and config == keras_vit.decode_variant("B/16")
+    assert (config.hidden_dim, config["num_heads"], config.get("resnet_stages")) == (768, 12, None)
+    assert {name: config[name] for name in variants.VARIANTS["B/16"]} == variants.VARIANTS["B/16"]
+    assert keras_vit.decode_variant("R50+B/16").stride == 16 and keras_vit.decode_variant("B/32").stride == 32
+    assert dict(config) == {name: getattr(config, name) for name in variants.OPTIONS}
+
+
+def test_config_round_trips_through_json():
+    config = keras_vit.decode_variant("R50+B/16").replace(qk_norm=True, num_register_tokens=4,
+                                                          layer_norm_epsilon=1e-5, activation="quick_gelu")
+    assert keras_vit.ViTConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    with pytest.raises(dataclasses_error()):
+        config.qk_norm = False  # frozen
+
+
+def dataclasses_error():
+    import dataclasses
+    return dataclasses.FrozenInstanceError
+
+
+@pytest.mark.parametrize("call", [
+    lambda: keras_vit.ViTB16(qk_nrom=True),
+    lambda: keras_vit.VisionTransformer("B/16", qk_nrom=True),
+    lambda: keras_vit.decode_variant("B/16").replace(qk_nrom=True),
+    lambda: keras_vit.ViTConfig.from_dict(dict(keras_vit.decode_variant("B/16"), qk_nrom=True)),
+])
+def test_misspelled_option_names_the_closest_and_every_valid_one_before_building(call, monkeypatch):
+    monkeypatch.setattr(models, "_forward", lambda *a, **k: pytest.fail("built a model"))
+    monkeypatch.setattr(loader, "resolve", lambda *a, **k: pytest.fail("resolved weights (a download)"))
+    with pytest.raises(TypeError) as error:
+        call()
+    message = str(error.value)
+    assert "unknown option 'qk_nrom'. Did you mean 'qk_norm'?" in message
+    assert "Valid options: patch_size, hidden_dim," in message and all(name in message for name in variants.OPTIONS)
+
+
+def test_unknown_option_without_a_close_match_lists_the_valid_ones():
+    with pytest.raises(TypeError, match=r"ViTTi16 got an unknown option 'zzz'\. Valid options: patch_size"):
+        keras_vit.ViTTi16(weights=None, zzz=1)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(classifier="avg"), r"Unknown classifier 'avg'.*classifier='gap'"),
+    (dict(position_embedding="rope"), r"Unknown position_embedding 'rope'"),
+    (dict(activation="relu"), r"Unknown activation 'relu'\. Expected one of \('gelu', 'quick_gelu'\)"),
+    (dict(num_heads=0), r"num_heads must be a positive int\. Received: num_heads=0"),
+    (dict(distillation_token=True, classifier="gap"), r"distillation_token=True needs classifier='token'"),
+])
+def test_invalid_values_are_named(change, match):
+    with pytest.raises(ValueError, match=match):
+        keras_vit.decode_variant("Ti/16").replace(**change)
+
+
+def test_none_means_not_given_and_user_options_win_over_the_variant():
+    config = models.model_config("Ti/16", None, num_layers=2, layer_scale_init=None, gelu_approximate=None)
+    assert (config.num_layers, config.hidden_dim, config.layer_scale_init, config.gelu_approximate) == (2, 192, None,
+                                                                                                      True)
+    with pytest.raises(ValueError, match=r"needs `variant`, the architecture arguments \['num_heads'\]"):
+        models.model_config(None, None, patch_size=8, hidden_dim=48, mlp_dim=96, num_layers=2)
+
+
+def test_transformer_block_takes_its_fields_from_the_config():
+    config = keras_vit.ViTConfig(**TINY_VIT, qk_norm=True, layer_scale_init=0.1, activation="quick_gelu")
+    block = keras_vit.TransformerBlock(**config.arguments_of(keras_vit.TransformerBlock))
+    block_config = block.get_config()
+    assert {name: block_config[name] for name in config.arguments_of(keras_vit.TransformerBlock)} == {
+        name: getattr(config, name) for name in config.arguments_of(keras_vit.TransformerBlock)}
+    assert set(config.arguments_of(keras_vit.TransformerBlock)) == {
+        "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate", "drop_path_rate", "layer_norm_epsilon",
+        "gelu_approximate", "activation", "layer_scale_init", "qk_norm", "remat"}
+
+
+def test_model_config_round_trips_with_the_model_and_old_configs_load(tmp_path):
+    model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), classes=10, qk_norm=True)
+    assert model.vit_config.qk_norm and model.get_config()["vit_config"]["qk_norm"] is True
+    old = {key: value for key, value in model.get_config().items() if key != "vit_config"}  # as 0.2 saved it
+    assert models.ViTModel.from_config(old).vit_config is None
+
+
+def _counting(monkeypatch, module, name, counts):
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        counts[name] = counts.get(name, 0) + 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+
+
+def test_a_weights_file_header_and_config_json_are_read_once(tmp_path, monkeypatch):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    path = save_safetensors(hf_state_dict(), folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"num_attention_heads": 3, "layer_norm_eps": 1e-12,
+                                                    "hidden_act": "gelu"}))
+    counts = {}
+    _counting(monkeypatch, safetensors_file, "read_header", counts)
+    _counting(monkeypatch, torch_layout, "read_hf_config", counts)
+    model = keras_vit.VisionTransformer(weights=path, input_shape=(32, 32, 3), classes=10,
+                                        include_preprocessing=False)
+    assert counts == {"read_header": 1, "read_hf_config": 1}
+    assert model.vit_config.num_heads == 3 and model.vit_config.layer_norm_epsilon == 1e-12
+
+
+def test_an_npz_file_is_opened_for_its_shapes_once_and_for_its_arrays_once(tmp_path, monkeypatch):
+    from keras_vit.checkpoints import npz
+    path = save_checkpoint(tmp_path / "vit.npz", vit_checkpoint(seed=1))
+    counts = {}
+    _counting(monkeypatch, npz, "read_npz_shapes", counts)
+    _counting(monkeypatch, npz, "read_npz", counts)
+    keras_vit.VisionTransformer(weights=path, input_shape=(32, 32, 3), classes=10)
+    assert counts == {"read_npz_shapes": 1, "read_npz": 1}
+
+
+def test_a_checkpoint_file_summary_can_be_passed_as_weights(tmp_path):
+    path = save_checkpoint(tmp_path / "vit.npz", vit_checkpoint(seed=1))
+    file = reader.read_checkpoint(path)
+    assert (file.layout, file.head_classes, file.image_size) == (None, 10, 32)
+    from_file = keras_vit.VisionTransformer(weights=file, input_shape=(32, 32, 3), classes=10)
+    from_path = keras_vit.VisionTransformer(weights=path, input_shape=(32, 32, 3), classes=10)
+    x = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(np.asarray(from_file(x)), np.asarray(from_path(x)))
+    assert from_file.vit_config == from_path.vit_config
+
+
+def test_models_module_opens_no_file():
+    """The builder and the forward only: reading files is keras_vit.checkpoints' job."""
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(models))
+    calls = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+             for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    assert not calls & {"open", "read_header", "read_npz", "read_npz_shapes", "read_checkpoint", "read_hf_config",
+                        "load_model", "isfile"}
+
+
+def test_keras_vit_inspect_is_the_renamed_inspection_module_with_a_warning():
+    import keras_vit.inspection
+    with pytest.warns(DeprecationWarning, match="keras_vit.inspect is now keras_vit.inspection"):
+        from keras_vit import inspect as old
+    assert old is keras_vit.inspection and keras.__name__ == "keras"
