@@ -33,7 +33,8 @@ Args:
     weights: `None` (random initialization), a registered checkpoint name (see
         `keras_vit.list_weights("{variant}")`), or a path to an original `.npz` checkpoint, a
         Keras `.weights.h5` file, or a timm / Hugging Face ViT `.safetensors` file (whose
-        numerics, exact GELU and LayerNorm epsilon, the model then takes). `"imagenet"` picks
+        numerics, exact GELU and LayerNorm epsilon, the model then takes), a `save_pretrained`
+        directory, or `hf://org/name[@revision]` from the local Hugging Face cache. `"imagenet"` picks
         the best ImageNet-1k checkpoint for the input size (one fine-tuned at that size if
         registered, else the 384 one). `.npz` and `.safetensors` weights load at any input
         size: position embeddings are resampled like the original

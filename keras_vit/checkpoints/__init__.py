@@ -7,6 +7,7 @@ Layout code (data plus pure NumPy; never imports `keras_vit.models` or `keras_vi
     safetensors_file  reading `.safetensors` files without torch; PyTorch pickle files refused
     torch_layout      timm and Hugging Face state dicts translated into the `.npz` layout
     architecture      one architecture reader for every format (on shapes: opens no file)
+    locate            a `weights=` directory (`save_pretrained`) or `hf://` name (local hub cache) to its file
     reader            `read_checkpoint`: one read of a file's header and config.json, a `CheckpointFile`
 
 Into a model:

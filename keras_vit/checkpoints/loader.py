@@ -19,7 +19,7 @@ from typing import Sequence
 import keras
 import numpy as np
 
-from keras_vit.checkpoints import npz, registry, safetensors_file, torch_layout
+from keras_vit.checkpoints import locate, npz, registry, safetensors_file, torch_layout
 from keras_vit.checkpoints.reader import KERAS_WEIGHTS, CheckpointFile, read_checkpoint
 
 _TOP_LAYERS = ("pre_logits", "head")
@@ -78,8 +78,8 @@ def resolve(weights: str | CheckpointFile | None, *, variant: str | None, image_
         raise ValueError(f"`weights` must be None, a registered name or a file path. Received: {weights!r}")
     else:
         check_file_exists(weights)
-        source = (_resolve_file(read_checkpoint(weights)) if os.path.isfile(weights)
-                  else _resolve_name(weights, variant, image_size))
+        file = local_file(weights)
+        source = _resolve_file(file) if file is not None else _resolve_name(weights, variant, image_size)
     if not include_top:
         return dataclasses.replace(source, representation_size=None)
     if source.file is None or source.file.layout != KERAS_WEIGHTS:  # A Keras weights file does not say.
@@ -88,11 +88,11 @@ def resolve(weights: str | CheckpointFile | None, *, variant: str | None, image_
 
 
 def local_file(weights: str | CheckpointFile | None) -> CheckpointFile | None:
-    """The `CheckpointFile` of a `weights=` value that is a local weights file (read once), the given one, or None
-    (no weights, or a registered name)."""
+    """The `CheckpointFile` of a `weights=` value that is a local weights file, a `save_pretrained` directory or an
+    `hf://` name (read once), the given one, or None (no weights, or a registered name)."""
     if isinstance(weights, CheckpointFile):
         return weights
-    if isinstance(weights, str) and os.path.isfile(weights):
+    if isinstance(weights, str) and (os.path.exists(weights) or locate.is_hub_name(weights)):
         return read_checkpoint(weights)
     return None
 
@@ -103,10 +103,11 @@ WEIGHTS_SUFFIXES = (".npz", ".safetensors", ".h5", ".keras", *safetensors_file.P
 def check_file_exists(weights) -> None:
     """Raises FileNotFoundError for a `weights=` value that names a file (a weights suffix or a directory part)
     which does not exist, before anything reads the architecture from it or takes it for a registered name."""
-    if isinstance(weights, str) and not os.path.exists(weights) and (
+    if isinstance(weights, str) and not os.path.exists(weights) and not locate.is_hub_name(weights) and (
             weights.endswith(WEIGHTS_SUFFIXES) or os.sep in weights or "/" in weights):
         raise FileNotFoundError(f"weights={weights!r}: no such file (relative to {os.getcwd()!r}). Give the path "
-                                "of an existing .npz, .safetensors or .weights.h5 file, or a registered name "
+                                "of an existing .npz, .safetensors or .weights.h5 file or save_pretrained directory, "
+                                "an hf://org/name in the local hub cache, or a registered name "
                                 "(keras_vit.list_weights()).")
 
 

@@ -1,5 +1,6 @@
 """One read of a weights file: `read_checkpoint(path)` turns an `.npz`, `.safetensors` (with the Hugging Face
-`config.json` beside it) or `.weights.h5` file into a `CheckpointFile`, the summary the model builder and the
+`config.json` beside it) or `.weights.h5` file (or a `save_pretrained` directory, or an `hf://` name in the local
+hub cache: `locate`) into a `CheckpointFile`, the summary the model builder and the
 loader share: its layout, its keys' shapes in the original `.npz` layout, the `ViTConfig` fields it fixes, its
 head. It reads headers only (no tensor data), once; the loader reads the tensors with the header it kept.
 """
@@ -10,7 +11,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from keras_vit.checkpoints import npz, safetensors_file, torch_layout
+from keras_vit.checkpoints import locate, npz, safetensors_file, torch_layout
 from keras_vit.checkpoints.architecture import read_architecture
 
 KERAS_WEIGHTS = "keras"  # the layout of a `.weights.h5` file: keras_vit's own weight paths
@@ -103,12 +104,15 @@ def check_file_kind(path: str) -> None:
 def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
     """Reads a weights file's header (and a Hugging Face `config.json` beside it) once.
 
+    Args:
+        path: a weights file, a `save_pretrained` directory, or `hf://org/name[@revision]` (local hub cache).
+
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file, or a hub name not in the local cache.
         ValueError: a pickle or `.keras` file, an unreadable file, an unknown layout, or model features keras_vit
             does not implement (named by key).
     """
-    path = os.fspath(path)
+    path = locate.locate(os.fspath(path))
     check_file_kind(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"weights={path!r}: no such file (relative to {os.getcwd()!r}).")
