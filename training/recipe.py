@@ -37,6 +37,8 @@ class Recipe:
         inputs: the (images, labels) datasets as `fit` and `evaluate` read them. Defaults to as they are.
         best_metric: the metric (higher is better) whose best epoch `checkpoints/best.weights.h5` keeps;
             None for no best checkpoint.
+        exact_eval: evaluate on `data.exact_batches` (every example once, on any number of devices: the metrics
+            must be weighted); False: the eval batches as `inputs` gives them.
     """
 
     backbone: Callable[[Config, int], dict]
@@ -45,6 +47,7 @@ class Recipe:
     save: Callable[[keras.Model, keras.Model, str], dict[str, str]]
     inputs: Callable[[tf.data.Dataset], tf.data.Dataset] = _as_is
     best_metric: str | None = None
+    exact_eval: bool = True
 
 
 def pooling(config: Config) -> str:

@@ -26,10 +26,18 @@ def make_loss(config: Config) -> keras.losses.Loss:
     raise ValueError(f"Unknown loss {config.loss!r}. Expected 'softmax' or 'sigmoid'.")
 
 
+EVAL_LOSS = "eval_loss"
+
+
 def _compile(config: Config, num_classes: int) -> dict:
-    return dict(loss=make_loss(config),
-                metrics=[keras.metrics.CategoricalAccuracy(name="top1"),
-                         keras.metrics.TopKCategoricalAccuracy(min(5, num_classes), name="top5")])
+    """The loss and the metrics, weighted: the evaluation's padding rows (weight 0, `data.exact_batches`) count for
+    nothing. `eval_loss` is the loss as a weighted mean over the examples (Keras' own `loss` divides each batch's
+    sum by its rows, padding included); the summary reports it as `loss`."""
+    loss = make_loss(config)
+    return dict(loss=loss,
+                weighted_metrics=[keras.metrics.CategoricalAccuracy(name="top1"),
+                                  keras.metrics.TopKCategoricalAccuracy(min(5, num_classes), name="top5"),
+                                  keras.metrics.MeanMetricWrapper(loss.call, name=EVAL_LOSS)])
 
 
 def _save(model: keras.Model, backbone: keras.Model, outdir: str) -> dict[str, str]:

@@ -245,7 +245,8 @@ def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy):
     os.makedirs(outdir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)
     datasets = data_lib.make_datasets(config)
-    distribute.check_eval_split(datasets.num_eval_examples, strategy, config.dataset, config.eval_split)
+    if not recipe_of(config).exact_eval:  # the others pad the last eval batch (`evaluation_data`)
+        distribute.check_eval_split(datasets.num_eval_examples, strategy, config.dataset, config.eval_split)
     steps_per_epoch, epochs = _schedule(config, datasets.num_train_examples)
     logging.info("Config: %s", dataclasses.asdict(config))
     return worker, outdir, datasets, steps_per_epoch, epochs
@@ -277,6 +278,23 @@ def _current_strategy() -> distribute.Strategy:
     if keras.backend.backend() == "jax":
         return keras.distribution.distribution()
     return tf.distribute.get_strategy()
+
+
+def evaluation_data(config: Config, datasets: data_lib.Datasets) -> tf.data.Dataset:
+    """The eval split as `fit` and `evaluate` read it: for the recipes with `exact_eval`, batches of the global size
+    whose padding rows weigh 0 (`data.exact_batches`), so each example counts once on any number of devices."""
+    recipe = recipe_of(config)
+    if recipe.exact_eval:
+        return data_lib.exact_batches(recipe.inputs(datasets.eval), config.batch_size)
+    return recipe.inputs(datasets.eval)
+
+
+def exact_results(results: dict) -> dict[str, float]:
+    """`evaluate`'s results with `loss` the weighted mean over the examples (`eval_loss`) where it was computed."""
+    results = {name: float(value) for name, value in results.items()}
+    if supervised.EVAL_LOSS in results:
+        results["loss"] = results.pop(supervised.EVAL_LOSS)
+    return results
 
 
 def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Strategy = None,
@@ -312,7 +330,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
             model.compile(optimizer=make_optimizer(config, epochs * steps_per_epoch),
                           **recipe.compile(config, datasets.num_classes))
         nan_guard, *standard = make_callbacks(config, workdir, outdir, worker, best_metric=recipe.best_metric)
-        eval_data = recipe.inputs(datasets.eval)
+        eval_data = evaluation_data(config, datasets)
         with distribute.run_scope(strategy):
             model.fit(recipe.inputs(datasets.train), epochs=epochs, steps_per_epoch=steps_per_epoch,
                       shuffle=False,  # tf.data shuffles.
@@ -321,7 +339,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
             results = model.evaluate(eval_data, return_dict=True, verbose=0)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
-    summary = {**{name: float(value) for name, value in results.items()},
+    summary = {**exact_results(results),
                "num_eval_examples": datasets.num_eval_examples, "skipped_examples": datasets.skipped,
                "optimizer_iterations": int(model.optimizer.iterations.numpy()),
                **recipe.save(model, backbone, outdir), "eval_path": os.path.join(outdir, "model.eval.json")}
