@@ -51,8 +51,9 @@ def token_layout(model: keras.Model) -> tuple[tuple[int, int], int, tuple[int, i
     """
     position = _find_layer(model, vit_layers.PositionEmbedding)
     if position.patch_stride is not None:
-        raise ValueError(f"keras_vit.inspection needs a model of a fixed input size, but model {model.name!r} takes any "
-                         "size: build it at your images' size, input_shape=(height, width, 3), from the same weights.")
+        raise ValueError(f"keras_vit.inspection needs a model of a fixed input size, but model {model.name!r} takes "
+                         "any size: build it at your images' size, input_shape=(height, width, 3), from the same "
+                         "weights.")
     (rows, columns), (height, width) = position.grid_size, model.inputs[0].shape[1:3]
     return (rows, columns), features.num_prefix_tokens(model), (height // rows, width // columns)
 

@@ -26,7 +26,9 @@ def _examples(count: int) -> tf.data.Dataset:
 
 @pytest.mark.parametrize("count, batch, batches", [(10, 4, 3), (8, 4, 2), (1, 8, 1), (449, 32, 15)])
 def test_every_example_once_in_full_batches(count, batch, batches):
-    rows = list(data.exact_batches(_examples(count), batch).as_numpy_iterator())
+    dataset = data.exact_batches(_examples(count), batch, num_examples=count)
+    assert int(dataset.cardinality()) == batches
+    rows = list(dataset.as_numpy_iterator())
     assert len(rows) == batches and all(images.shape == (batch, 2) for images, _, _ in rows)
     weights = np.concatenate([w for _, _, w in rows])
     images = np.concatenate([x for x, _, _ in rows])

@@ -85,7 +85,8 @@ def test_options_survive_keras_saving_and_conflicts_are_errors(tmp_path):
     # A Hugging Face config.json beside the file fixes them: a contradicting value is an error.
     hf_path = save_safetensors(hf_state_dict(), tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text('{"model_type": "vit", "hidden_act": "gelu", "layer_norm_eps": 1e-12}')
-    with pytest.raises(ValueError, match=r"gelu_approximate=True contradicts the config.json beside .*whose model has gelu_approximate=False"):
+    with pytest.raises(ValueError, match=r"gelu_approximate=True contradicts the config.json beside .*whose model "
+                                         r"has gelu_approximate=False"):
         tiny(hf_path, classes=10, gelu_approximate=True)
 
 

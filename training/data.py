@@ -206,19 +206,23 @@ def _finish(dataset: tf.data.Dataset, policy) -> tf.data.Dataset:
     return dataset.with_options(options).prefetch(AUTOTUNE)
 
 
-def exact_batches(dataset: tf.data.Dataset, batch_size: int) -> tf.data.Dataset:
+def exact_batches(dataset: tf.data.Dataset, batch_size: int, num_examples: int | None = None) -> tf.data.Dataset:
     """(images, labels, weights) batches of an (images, labels) dataset in which every example counts once.
 
     Every batch has `batch_size` rows, so that it splits evenly over any number of devices that divides the global
     batch (keras.distribution shards every batch evenly; tf.distribute too, then): the last, partial batch is
     filled with zero images of weight 0, which weighted metrics leave out. No batch is padding only. (big_vision and
-    flax evaluate the same way; Keras itself neither pads nor drops a partial batch: keras#21167.)
+    flax evaluate the same way; Keras itself neither pads nor drops a partial batch: keras#21167.) With
+    `num_examples`, the batch count is declared (Keras then knows the evaluation's steps).
     """
     examples = dataset.unbatch().map(lambda images, labels: (images, labels, tf.constant(1.0)))
     padding = tuple(tf.zeros(spec.shape, spec.dtype) for spec in examples.element_spec)
     padded = examples.concatenate(tf.data.Dataset.from_tensors(padding).repeat(batch_size - 1))
     batches = padded.batch(batch_size, drop_remainder=True)
-    return batches.filter(lambda images, labels, weights: tf.reduce_any(weights > 0)).prefetch(AUTOTUNE)
+    batches = batches.filter(lambda images, labels, weights: tf.reduce_any(weights > 0))
+    if num_examples is not None:
+        batches = batches.apply(tf.data.experimental.assert_cardinality(-(-num_examples // batch_size)))
+    return batches.prefetch(AUTOTUNE)
 
 
 @dataclasses.dataclass

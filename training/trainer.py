@@ -285,7 +285,7 @@ def evaluation_data(config: Config, datasets: data_lib.Datasets) -> tf.data.Data
     whose padding rows weigh 0 (`data.exact_batches`), so each example counts once on any number of devices."""
     recipe = recipe_of(config)
     if recipe.exact_eval:
-        return data_lib.exact_batches(recipe.inputs(datasets.eval), config.batch_size)
+        return data_lib.exact_batches(recipe.inputs(datasets.eval), config.batch_size, datasets.num_eval_examples)
     return recipe.inputs(datasets.eval)
 
 
@@ -345,6 +345,6 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
                **recipe.save(model, backbone, outdir), "eval_path": os.path.join(outdir, "model.eval.json")}
     with open(summary["eval_path"], "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
-    logging.info("Eval: %s. Saved %s", ", ".join(f"{name} {float(value):.4f}" for name, value in results.items()),
-                 summary["model_path"])
+    shown = ", ".join(f"{name} {value:.4f}" for name, value in exact_results(results).items())
+    logging.info("Eval: %s. Saved %s", shown, summary["model_path"])
     return summary

@@ -323,10 +323,11 @@ def _mismatch_message(model, arrays, variables, problems: list[str], origin: str
     problems = sorted(problems, key=lambda problem: not problem.startswith(("missing", "unexpected")))
     shown = problems[:20]
     more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+    checkpoint, built = _architecture_summary(checkpoint_widths, arrays), _architecture_summary(model_widths, variables)
     return (f"{origin!r} does not fit model {model.name!r} ({len(problems)} problem(s); no weight was "
             f"changed): build the model from the file, `VisionTransformer(weights={origin!r})` (its architecture "
-            f"and options are read from the file), or with the checkpoint's variant.\n  checkpoint: {_architecture_summary(checkpoint_widths, arrays)}; model: "
-            f"{_architecture_summary(model_widths, variables)}.\n  - " + "\n  - ".join(shown) + more)
+            f"and options are read from the file), or with the checkpoint's variant.\n  checkpoint: {checkpoint}; "
+            f"model: {built}.\n  - " + "\n  - ".join(shown) + more)
 
 
 def _warn_if_zero_head(model: keras.Model, assignments) -> None:
