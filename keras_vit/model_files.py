@@ -35,7 +35,6 @@ def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, 
         if not path.endswith(".keras") or not os.path.isfile(path):
             raise ValueError(f"Expected an existing `.keras` model file. Received: {path!r}")
         return keras.saving.load_model(path)
-    checkpoint_loader.check_file_exists(weights)
     weights = checkpoint_loader.local_file(weights) or weights  # a local file is read once, here
     if classes is None:
         size = tuple(input_shape or (224, 224, 3))[:2]

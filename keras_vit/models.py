@@ -249,10 +249,9 @@ def model_config(variant: str | None = None, file: CheckpointFile | None = None,
         ValueError: an option that contradicts the file's config.json, missing architecture fields, or an
             invalid value.
     """
-    variants.check_options(options, "VisionTransformer")
     if file is None:
         return variants.make_config(variant, None, options)
-    row = variants.VARIANTS[variants.canonical_variant(variant)] if variant else {}
+    row = variants.variant_row(variant) if variant else {}
     given = {**row, **{name: value for name, value in options.items() if value is not None}}
     file.check_agrees(given)
     return variants.make_config(variant, file.config_fields(given.get("num_heads")), options)
@@ -285,8 +284,7 @@ def VisionTransformer(
             name is a TypeError naming the closest valid one.
         Other arguments: as the variant builders (`help(keras_vit.ViTB16)`); `weights` defaults to `None` here.
     """
-    checkpoint_loader.check_file_exists(weights)
-    variants.check_options(options, "VisionTransformer")
+    variants.check_options(options, "VisionTransformer")  # before any file is read
     file = checkpoint_loader.local_file(weights)  # one read of its header, carried to the loader
     config = model_config(variant, file, **options)
     if file is not None and "MAPHead_0/probe" in file.shapes and not include_top and pooling != "map":
@@ -366,7 +364,7 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
     else:
         method = "avg" if config.fc_norm else "token" if include_top and prefix else pooling or "avg"
         # Models of 0.2.0 average every token; with the family's options, the patch tokens only (as timm).
-        skipped = prefix + config.num_register_tokens if config.num_register_tokens or config.fc_norm else 0
+        skipped = config.num_prefix_tokens if config.num_register_tokens or config.fc_norm else 0
         x = vit_layers.TokenPooling(method, num_prefix_tokens=skipped, name="pool")(x)
     if config.fc_norm:
         x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="fc_norm")(x)

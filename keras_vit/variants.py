@@ -184,7 +184,7 @@ def make_config(variant: str | None = None, checkpoint: Mapping[str, Any] | None
     """
     options = {name: value for name, value in (options or {}).items() if value is not None}
     check_options(options, where)
-    fields = {**(checkpoint or {}), **(_variant_row(variant) if variant else {}), **options}
+    fields = {**(checkpoint or {}), **(variant_row(variant) if variant else {}), **options}
     missing = [name for name in ARCHITECTURE if name not in fields]
     if missing:
         raise ValueError(f"{where} needs `variant`, the architecture arguments {missing}, or `weights=` an .npz "
@@ -192,14 +192,15 @@ def make_config(variant: str | None = None, checkpoint: Mapping[str, Any] | None
     return ViTConfig(**fields)
 
 
-def _variant_row(variant: str) -> dict[str, Any]:
+def variant_row(variant: str) -> dict[str, Any]:
+    """A copy of the variant's row of `VARIANTS` (its architecture fields only)."""
     key = canonical_variant(variant)
     return dict(VARIANTS[key])
 
 
 def decode_variant(variant: str) -> ViTConfig:
     """The config of a variant ("B/16", "ViT-B/16", "ViT-B_16", "R50+ViT-B/16", ...)."""
-    return ViTConfig(**_variant_row(variant))
+    return ViTConfig(**variant_row(variant))
 
 
 def canonical_variant(variant: str) -> str:

@@ -339,12 +339,13 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
             results = model.evaluate(eval_data, return_dict=True, verbose=0)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
-    summary = {**exact_results(results),
+    results = exact_results(results)
+    summary = {**results,
                "num_eval_examples": datasets.num_eval_examples, "skipped_examples": datasets.skipped,
                "optimizer_iterations": int(model.optimizer.iterations.numpy()),
                **recipe.save(model, backbone, outdir), "eval_path": os.path.join(outdir, "model.eval.json")}
     with open(summary["eval_path"], "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
-    shown = ", ".join(f"{name} {value:.4f}" for name, value in exact_results(results).items())
+    shown = ", ".join(f"{name} {value:.4f}" for name, value in results.items())
     logging.info("Eval: %s. Saved %s", shown, summary["model_path"])
     return summary

@@ -20,7 +20,7 @@ import keras
 import numpy as np
 
 from keras_vit.checkpoints import locate, npz, registry, safetensors_file, torch_layout
-from keras_vit.checkpoints.reader import KERAS_WEIGHTS, CheckpointFile, read_checkpoint
+from keras_vit.checkpoints.reader import KERAS_WEIGHTS, CheckpointFile, missing_file, read_checkpoint
 
 _TOP_LAYERS = ("pre_logits", "head")
 _POSEMB_PATH = "posembed_input/pos_embedding"
@@ -77,7 +77,6 @@ def resolve(weights: str | CheckpointFile | None, *, variant: str | None, image_
     elif not isinstance(weights, str):
         raise ValueError(f"`weights` must be None, a registered name or a file path. Received: {weights!r}")
     else:
-        check_file_exists(weights)
         file = local_file(weights)
         source = _resolve_file(file) if file is not None else _resolve_name(weights, variant, image_size)
     if not include_top:
@@ -87,28 +86,26 @@ def resolve(weights: str | CheckpointFile | None, *, variant: str | None, image_
     return source
 
 
-def local_file(weights: str | CheckpointFile | None) -> CheckpointFile | None:
-    """The `CheckpointFile` of a `weights=` value that is a local weights file, a `save_pretrained` directory or an
-    `hf://` name (read once), the given one, or None (no weights, or a registered name)."""
-    if isinstance(weights, CheckpointFile):
-        return weights
-    if isinstance(weights, str) and (os.path.exists(weights) or locate.is_hub_name(weights)):
-        return read_checkpoint(weights)
-    return None
-
-
 WEIGHTS_SUFFIXES = (".npz", ".safetensors", ".h5", ".keras", *safetensors_file.PICKLE_SUFFIXES)
 
 
-def check_file_exists(weights) -> None:
-    """Raises FileNotFoundError for a `weights=` value that names a file (a weights suffix or a directory part)
-    which does not exist, before anything reads the architecture from it or takes it for a registered name."""
-    if isinstance(weights, str) and not os.path.exists(weights) and not locate.is_hub_name(weights) and (
-            weights.endswith(WEIGHTS_SUFFIXES) or os.sep in weights or "/" in weights):
-        raise FileNotFoundError(f"weights={weights!r}: no such file (relative to {os.getcwd()!r}). Give the path "
-                                "of an existing .npz, .safetensors or .weights.h5 file or save_pretrained directory, "
-                                "an hf://org/name in the local hub cache, or a registered name "
-                                "(keras_vit.list_weights()).")
+def local_file(weights: str | CheckpointFile | None) -> CheckpointFile | None:
+    """The `CheckpointFile` of a `weights=` value that is a local weights file, a `save_pretrained` directory or an
+    `hf://` name (read once), the given one, or None (no weights, or a registered name).
+
+    Raises:
+        FileNotFoundError: a value that names a file (a weights suffix or a directory part) which does not exist,
+            before anything reads an architecture from it or takes it for a registered name.
+    """
+    if isinstance(weights, CheckpointFile):
+        return weights
+    if not isinstance(weights, str):
+        return None
+    if os.path.exists(weights) or locate.is_hub_name(weights):
+        return read_checkpoint(weights)
+    if weights.endswith(WEIGHTS_SUFFIXES) or os.sep in weights or "/" in weights:
+        raise missing_file(weights)
+    return None
 
 
 def _resolve_name(weights: str, variant: str | None, image_size: tuple[int, int]) -> WeightsSource:
@@ -170,8 +167,6 @@ def load(model: keras.Model, source: WeightsSource | CheckpointFile | str) -> No
             lists every missing key, unexpected key and shape mismatch); the model is unchanged.
     """
     if isinstance(source, (str, os.PathLike)):
-        source = os.fspath(source)
-        check_file_exists(source)
         file = read_checkpoint(source)
     elif isinstance(source, CheckpointFile):
         file = source

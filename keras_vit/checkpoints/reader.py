@@ -11,6 +11,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
+from keras_vit import variants
 from keras_vit.checkpoints import locate, npz, safetensors_file, torch_layout
 from keras_vit.checkpoints.architecture import read_architecture
 
@@ -61,8 +62,7 @@ class CheckpointFile:
         if self.layout == KERAS_WEIGHTS:
             return {}
         found = self.architecture(num_heads)
-        architecture = {name: found[name] for name in ("patch_size", "hidden_dim", "mlp_dim", "num_heads",
-                                                       "num_layers", "resnet_stages")}
+        architecture = {name: found[name] for name in (*variants.ARCHITECTURE, "resnet_stages")}
         return {**self.default_numerics, **self.fixed, **architecture, "classifier": found["classifier"],
                 **found["options"]}
 
@@ -92,6 +92,13 @@ class CheckpointFile:
         return read_architecture(self.shapes, num_heads=1).get("image_size") if self.shapes else None
 
 
+def missing_file(weights: str) -> FileNotFoundError:
+    """The error for a `weights=` path that does not exist."""
+    return FileNotFoundError(f"weights={weights!r}: no such file (relative to {os.getcwd()!r}). Give the path of an "
+                             "existing .npz, .safetensors or .weights.h5 file or save_pretrained directory, an "
+                             "hf://org/name in the local hub cache, or a registered name (keras_vit.list_weights()).")
+
+
 def check_file_kind(path: str) -> None:
     """Refuses pickle files (never opened) and whole-model `.keras` files, saying what to use."""
     safetensors_file.refuse_pickle(path)
@@ -115,7 +122,7 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
     path = locate.locate(os.fspath(path))
     check_file_kind(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"weights={path!r}: no such file (relative to {os.getcwd()!r}).")
+        raise missing_file(path)
     if path.endswith(".h5"):
         return CheckpointFile(path, KERAS_WEIGHTS, {})
     if not path.endswith(".safetensors"):
