@@ -2,12 +2,18 @@
 
 Serving always takes raw pixels in [0, 255] and returns logits and probabilities, so the
 exporters work on a *pixel logits model*: the classifier up to its `head` layer (before any
-softmax), with the [0, 255] -> [-1, 1] rescaling prepended when the model does not carry it.
+softmax), with the checkpoint's normalization prepended when the model does not carry it
+(`input_fields`: its `ViTConfig`'s; the original's [0, 255] -> [-1, 1] for a model without one).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import keras
+
+from keras_vit import variants
 
 
 def patch_stride(model: keras.Model) -> int | None:
@@ -62,16 +68,29 @@ def logits_model(model: keras.Model) -> keras.Model:
     return keras.Model(model.inputs, head.output, name=f"{model.name}_logits")
 
 
-def with_pixel_input(model: keras.Model) -> keras.Model:
-    """`model` itself when it takes [0, 255] pixels; else a model that rescales to [-1, 1] first."""
+def input_fields(model: keras.Model) -> dict[str, Any]:
+    """The input fields (mean, std, resize, crop, interpolation) of the keras_vit model in `model` (itself or a
+    nested one); the defaults (the original's) for a model without a `vit_config`."""
+    for candidate in (model, *model.layers):
+        config = getattr(candidate, "vit_config", None)
+        if config is not None:
+            return config.input_fields
+    return {field.name: field.default for field in dataclasses.fields(variants.ViTConfig)
+            if field.name in variants.INPUT_FIELDS}
+
+
+def with_pixel_input(model: keras.Model, fields: dict[str, Any] | None = None) -> keras.Model:
+    """`model` itself when it takes [0, 255] pixels; else a model that normalizes them first, with `fields`
+    (default: `input_fields(model)`)."""
     if _has_pixel_input(model):
         return model
+    fields = fields or input_fields(model)
     image = keras.Input(shape=model.input_shape[1:], name="image")
-    # keras_vit models without preprocessing take [-1, 1], as the original checkpoints do.
-    scaled = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="preprocessing")(image)
+    scale, offset = variants.pixel_normalization(fields["image_mean"], fields["image_std"])
+    scaled = keras.layers.Rescaling(scale, offset=offset, name="preprocessing")(image)
     return keras.Model(image, model(scaled), name=f"{model.name}_pixels")
 
 
 def pixel_logits_model(model: keras.Model) -> keras.Model:
     """Raw [0, 255] pixels at the model's size -> logits."""
-    return with_pixel_input(logits_model(model))
+    return with_pixel_input(logits_model(model), input_fields(model))

@@ -59,8 +59,9 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
     A model built for any input size (`input_shape=(None, None, 3)`) is exported so: `serving_default` takes
     images at their own size, height and width multiples of its patch stride (`serving.serving_archive`).
 
-    The limits, image size (`serving_bytes`' size, and the warmup's), formats and, for a model of any input
-    size, its patch stride (`any_size_stride`, else null) are recorded in `assets.extra/keras_vit_export.json`.
+    The limits, image size (`serving_bytes`' size, and the warmup's), formats, the preprocessing served (mean,
+    std, resize, crop, interpolation) and, for a model of any input size, its patch stride (`any_size_stride`,
+    else null) are recorded in `assets.extra/keras_vit_export.json`.
     """
     base = Path(base_dir)
     version = next_version(base) if version is None else version
@@ -76,7 +77,9 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
     metadata = {"image_size": list(size), "any_size_stride": model_io.patch_stride(model),
                 "max_pixels": max_pixels, "max_batch": max_batch,
                 "top_k": min(top_k, int(model.output_shape[-1])), "image_formats": list(image_io.FORMATS),
-                "signatures": ["serving_default", serving.BYTES_SIGNATURE]}
+                "signatures": ["serving_default", serving.BYTES_SIGNATURE],
+                "preprocessing": {name: list(value) if isinstance(value, tuple) else value
+                                  for name, value in model_io.input_fields(model).items()}}
     base.mkdir(parents=True, exist_ok=True)
 
     def write(directory: Path) -> None:

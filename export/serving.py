@@ -2,7 +2,9 @@
 
 `serving_default` takes float32 images of any size in [0, 255]; `serving_bytes` takes encoded
 JPEG/PNG/GIF/BMP strings (what TF Serving's REST API receives as `{"b64": ...}`). Both resize
-to the model's size inside and return `logits`, `probabilities`, top-k `classes` and `scores`,
+and crop to the model's size inside, as the checkpoint's own evaluation transform does
+(`image_io.fit_to_model` with the model's `ViTConfig` input fields: e.g. DINOv2's shortest edge to 256,
+bicubic, centre crop 224), normalize with its mean and std, and return `logits`, `probabilities`, top-k `classes` and `scores`,
 and `class_names` when the exporter was given names. A model built for any input size
 (`input_shape=(None, None, 3)`) is served at each image's own size on `serving_default`: no resize,
 height and width must be multiples of its patch stride (else INVALID_ARGUMENT); `serving_bytes`
@@ -31,23 +33,27 @@ DEFAULT_MAX_PIXELS = image_io.DEFAULT_MAX_PIXELS
 DEFAULT_MAX_BATCH = 256
 
 
-def resize(images: tf.Tensor, size: tuple[int, int]) -> tf.Tensor:
-    """Bilinear (antialiased when shrinking) resize of float images; identity at `size`."""
-    return tf.image.resize(images, size, method="bilinear", antialias=True)
-
-
-def decode(image_bytes: tf.Tensor, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS) -> tf.Tensor:
-    """A batch of encoded images -> float32 (batch, height, width, 3) in [0, 255] at `size`.
+def decode(image_bytes: tf.Tensor, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
+           fields: dict | None = None) -> tf.Tensor:
+    """A batch of encoded images -> float32 (batch, height, width, 3) in [0, 255] at `size`, each resized and
+    cropped by `fields` (`model_io.input_fields`: the checkpoint's transform; default a bilinear squash).
 
     Empty, unsupported, corrupt, truncated or over-`max_pixels` images raise InvalidArgumentError
     for the whole request. Images are decoded one after another (`parallel_iterations=1`).
     """
+    transform = _transform(fields or {})
+
     def decode_one(data):
         # uint8 goes straight into the resize (same values as casting first, without a float32 copy).
-        return resize(image_io.decode_rgb(data, max_pixels)[tf.newaxis], size)[0]
+        return image_io.fit_to_model(image_io.decode_rgb(data, max_pixels)[tf.newaxis], size, **transform)[0]
 
     return tf.map_fn(decode_one, image_bytes, fn_output_signature=tf.TensorSpec((*size, 3), tf.float32),
                      parallel_iterations=1)
+
+
+def _transform(fields: dict) -> dict:
+    """The resize and crop keywords of `image_io.fit_to_model` among a model's input fields."""
+    return {name: fields[name] for name in ("resize_mode", "crop_fraction", "interpolation") if name in fields}
 
 
 def check_batch(batch_size: tf.Tensor, max_batch: int) -> tf.Operation:
@@ -98,6 +104,7 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
     """
     check_limits(max_pixels, max_batch)
     pixel_logits = model_io.pixel_logits_model(model)
+    fields = model_io.input_fields(model)
     size, stride = model_io.image_size(model), model_io.patch_stride(model)
     num_classes = int(pixel_logits.output_shape[-1])
     if class_names is not None and len(class_names) != num_classes:
@@ -114,11 +121,11 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
         checks = [check_images(images, max_pixels, max_batch)] + ([check_stride(images, stride)] if stride else [])
         with tf.control_dependencies(checks):
             images = tf.identity(images)
-            return predict(images if stride else resize(images, size))
+            return predict(images if stride else image_io.fit_to_model(images, size, **_transform(fields)))
 
     def serve_bytes(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
         with tf.control_dependencies([check_batch(tf.size(image_bytes), max_batch)]):
-            return predict(decode(tf.identity(image_bytes), size, max_pixels))
+            return predict(decode(tf.identity(image_bytes), size, max_pixels, fields))
 
     archive = keras.export.ExportArchive()
     archive.track(pixel_logits)

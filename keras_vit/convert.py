@@ -28,8 +28,10 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
     """Writes an original `.npz` or a timm / Hugging Face `.safetensors` checkpoint as a Keras file.
 
     The model returns logits with the checkpoint's head or, if it has none, the pooled features (through
-    its `pre_logits` / pooler layer if any). An `.npz` model takes pixels in [0, 255]; a `.safetensors`
-    one takes [-1, 1] (no preprocessing layer) and computes with its source's numerics.
+    its `pre_logits` / pooler layer if any). An `.npz` model, and one whose file declares its preprocessing
+    (a `preprocessor_config.json` or timm `config.json` beside it), takes pixels in [0, 255]; another
+    `.safetensors` one takes its normalized input (no preprocessing layer). It computes with its source's
+    numerics.
 
     validate_output: the written file is read back into a fresh model (`keras.saving.load_model` for
     `.keras`; a new model built from the model's config for `.weights.h5`) and compared with the
@@ -55,14 +57,14 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
         raise ValueError(f"The output must end in .keras or .weights.h5. Received: {output!r}")
     file = read_checkpoint(checkpoint)  # once: the model and the loader take this summary
     found = file.architecture(num_heads=1)  # the head, pooling and input size; the model reads the heads itself
-    layout = file.layout
+    takes_pixels = file.layout is None or file.preprocessing is not None
     image_size = image_size or (found["image_size"],) * 2
     classes = found["classes"]
     model = models.VisionTransformer(
         variant, weights=file, num_heads=num_heads, input_shape=(*image_size, 3), classifier_activation=None,
         include_top=classes is not None, classes=classes or 1000, representation_size=found["representation_size"],
         pooling=None if classes else {"gap": "avg"}.get(found["classifier"], found["classifier"]),
-        include_preprocessing=layout is None, layer_norm_epsilon=layer_norm_epsilon,
+        include_preprocessing=takes_pixels, layer_norm_epsilon=layer_norm_epsilon,
         gelu_approximate=gelu_approximate, activation=activation)
     if output.endswith(".keras"):
         model.save(output)
@@ -71,7 +73,7 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
         model.save_weights(output)
         converted = models.ViTModel.from_config(model.get_config())
         converted.load_weights(output)
-    low, high = (0.0, 255.0) if layout is None else (-1.0, 1.0)
+    low, high = (0.0, 255.0) if takes_pixels else (-1.0, 1.0)
     images = np.random.default_rng(0).uniform(low, high, (2, *image_size, 3)).astype("float32")
     difference = np.abs(np.asarray(converted(images), np.float64) - np.asarray(model(images), np.float64)).max()
     return model, float(difference)

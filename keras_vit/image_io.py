@@ -18,6 +18,8 @@ PNGs are scaled to 8 bits; GIFs give their first frame.
 
 from __future__ import annotations
 
+import math
+
 import tensorflow as tf
 
 DEFAULT_MAX_PIXELS = 40_000_000  # 40 megapixels: more than phone cameras' usual 12-24 MP.
@@ -108,3 +110,30 @@ def decode_rgb(data: tf.Tensor, max_pixels: int = DEFAULT_MAX_PIXELS) -> tf.Tens
     image = tf.io.decode_image(data, channels=3, expand_animations=False)
     image.set_shape([None, None, 3])
     return image
+
+
+def fit_to_model(images: tf.Tensor, size: tuple[int, int], *, resize_mode: str = "squash",
+                 crop_fraction: float = 1.0, interpolation: str = "bilinear") -> tf.Tensor:
+    """Images (batch, height, width, 3) of one size -> float32 (batch, *size, 3): resized, then centre-cropped.
+
+    The checkpoint's evaluation transform (`ViTConfig.input_fields`): the resize size is
+    `floor(size / crop_fraction)` (timm's `crop_pct` rule); `"squash"` resizes both sides to it, `"shortest_edge"`
+    the short side, the long one to `int(resize * long / short)` (as transformers and torchvision). The crop takes
+    the centre, its top-left offset `(resized - size) // 2` (transformers; torchvision rounds, a pixel apart where
+    the margin is odd). `interpolation` is a `tf.image.resize` method, antialiased when shrinking (as PIL, which
+    transformers and timm resize with). An image already at `size` with no crop passes unchanged.
+    """
+    height, width = size
+    if resize_mode == "squash":
+        target = tf.constant([math.floor(height / crop_fraction), math.floor(width / crop_fraction)], tf.int32)
+    else:
+        short = math.floor(min(height, width) / crop_fraction)
+        in_shape = tf.cast(tf.shape(images)[1:3], tf.float64)
+        scaled = tf.cast(tf.cast(short, tf.float64) * in_shape / tf.reduce_min(in_shape), tf.int32)
+        target = tf.where(in_shape == tf.reduce_min(in_shape), short, scaled)  # the short side exactly `short`
+        target = tf.maximum(target, tf.constant([height, width], tf.int32))
+    resized = tf.image.resize(images, target, method=interpolation, antialias=True)
+    top = (tf.shape(resized)[1] - height) // 2
+    left = (tf.shape(resized)[2] - width) // 2
+    cropped = resized[:, top:top + height, left:left + width, :]
+    return tf.ensure_shape(tf.cast(cropped, tf.float32), (None, height, width, 3))

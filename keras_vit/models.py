@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any, Callable, Sequence
 
 import keras
@@ -56,8 +57,10 @@ Args:
     classes: int. Number of classes of the head. Defaults to `1000`.
     classifier_activation: str or callable for the head's output, `None` for logits.
         Defaults to `"softmax"`.
-    include_preprocessing: bool. `True`: the model takes raw pixels in [0, 255] and
-        maps them to [-1, 1] inside; `False`: it takes [-1, 1]. Defaults to `True`.
+    include_preprocessing: bool. `True`: the model takes raw pixels in [0, 255] and normalizes them
+        inside with the checkpoint's own mean and std, `(x / 255 - image_mean) / image_std` (read from a
+        `preprocessor_config.json` or timm `config.json` beside `weights=`; else mean = std = 0.5, the
+        original's [-1, 1]); `False`: it takes the normalized input. Defaults to `True`.
     name: str. Model name. Defaults to `"{model_name}"`.
     **options: the fields of `keras_vit.variants.ViTConfig`, as keywords (`qk_norm=True`). One not given
         (or given as `None`) takes the value of a weights file that fixes it, else its default below. An
@@ -106,6 +109,13 @@ Args:
     gelu_approximate: optional bool. `True`: tanh-approximate GELU (the original's, SigLIP's);
         `False`: exact erf GELU (timm's and Hugging Face's). Defaults to `None`: as
         `layer_norm_epsilon` (`True` for `.npz` files).
+    Input options (defaults: those declared beside `weights=`, else the original's):
+    image_mean, image_std: 3 floats on [0, 1] pixels. Defaults to `(0.5, 0.5, 0.5)` each. A value that
+        differs from the checkpoint's is used, with a one-line warning.
+    resize_mode, crop_fraction, interpolation: how the exports (`keras-vit-export`, `keras-vit-tflite`) fit an
+        image of another size: `"squash"` both sides or `"shortest_edge"` the short side to
+        `floor(size / crop_fraction)`, then a centre crop of the model's size; `"bilinear"`, `"bicubic"`,
+        `"nearest"` or `"lanczos3"` (antialiased when shrinking). Defaults to `"squash"`, `1.0`, `"bilinear"`.
 
 Returns:
     A `keras_vit.ViTModel` (a functional `keras.Model`); its `vit_config` is the `ViTConfig` it was built from.
@@ -254,7 +264,17 @@ def model_config(variant: str | None = None, file: CheckpointFile | None = None,
     row = variants.variant_row(variant) if variant else {}
     given = {**row, **{name: value for name, value in options.items() if value is not None}}
     file.check_agrees(given)
-    return variants.make_config(variant, file.config_fields(given.get("num_heads")), options)
+    config = variants.make_config(variant, file.config_fields(given.get("num_heads")), options)
+    _warn_if_input_overridden(config, file)
+    return config
+
+
+def _warn_if_input_overridden(config: ViTConfig, file: CheckpointFile) -> None:
+    """One line per input field given against what the checkpoint declares (the given value is used)."""
+    for name, declared in (file.preprocessing or {}).items():
+        if config[name] != declared:
+            warnings.warn(f"keras_vit: {name}={config[name]!r} overrides the checkpoint's {name}={declared!r} "
+                          f"({file.preprocessing_source}).", stacklevel=4)
 
 
 def VisionTransformer(
@@ -328,8 +348,9 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
     """The ViT forward pass on a symbolic image tensor, in paper order."""
     x = image
     if include_preprocessing:
-        # Original models take [-1, 1]: x / 127.5 - 1.
-        x = keras.layers.Rescaling(1.0 / 127.5, offset=-1.0, name="preprocessing")(x)
+        # (x / 255 - mean) / std: the original's x / 127.5 - 1 by default.
+        scale, offset = config.pixel_normalization()
+        x = keras.layers.Rescaling(scale, offset=offset, name="preprocessing")(x)
     if config.resnet_stages:
         x = resnet.resnet_stem(x, config.resnet_stages)
     x = vit_layers.PatchEncoder(config.hidden_dim, config.patch_size, use_bias=config.patch_bias, name="embedding")(x)

@@ -37,6 +37,8 @@ ARCHITECTURE = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers"
 CLASSIFIERS = ("token", "gap", "map")
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
 ACTIVATIONS = ("gelu", "quick_gelu")
+RESIZE_MODES = ("squash", "shortest_edge")
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,13 @@ class ViTConfig:
     layer_norm_epsilon: float = 1e-6
     gelu_approximate: bool = True
     activation: str = "gelu"
+    # Input: the checkpoint's preprocessing (`keras_vit.checkpoints.preprocessing`). The model's `preprocessing`
+    # layer maps [0, 255] pixels to (x / 255 - image_mean) / image_std; the exports resize and crop with the rest.
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    resize_mode: str = "squash"  # "squash": both sides to the resize size; "shortest_edge": the short side
+    crop_fraction: float = 1.0  # centre crop / resize size (timm's crop_pct); 1: no crop
+    interpolation: str = "bilinear"  # of the resize, antialiased when shrinking
     # Regularization and memory.
     dropout_rate: float = 0.0
     attention_dropout_rate: float = 0.0
@@ -87,11 +96,17 @@ class ViTConfig:
         stages = self.resnet_stages
         if stages is not None and not isinstance(stages, tuple):
             object.__setattr__(self, "resnet_stages", tuple(stages) or None)
+        for field in ("image_mean", "image_std"):
+            values = getattr(self, field)
+            if not isinstance(values, (list, tuple)) or len(values) != 3:
+                raise ValueError(f"{field} must be 3 numbers, one per RGB channel. Received: {field}={values!r}")
+            object.__setattr__(self, field, tuple(float(value) for value in values))
         self._check()
 
     def _check(self) -> None:
         for field, allowed in (("classifier", CLASSIFIERS), ("position_embedding", POSITION_EMBEDDINGS),
-                               ("activation", ACTIVATIONS)):
+                               ("activation", ACTIVATIONS), ("resize_mode", RESIZE_MODES),
+                               ("interpolation", INTERPOLATIONS)):
             value = getattr(self, field)
             if value not in allowed:
                 hint = (" (the model's own pooling is spelled classifier='gap'; pooling='avg' is the output "
@@ -101,6 +116,11 @@ class ViTConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{field} must be a positive int. Received: {field}={value!r}")
+        if min(self.image_std) <= 0:
+            raise ValueError(f"Every image_std must be positive. Received: image_std={self.image_std}")
+        if not isinstance(self.crop_fraction, (int, float)) or not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction must be in (0, 1] (the centre crop's share of the resized image; 1: no "
+                             f"crop). Received: crop_fraction={self.crop_fraction!r}")
         if self.distillation_token and (self.classifier != "token" or self.num_register_tokens
                                         or self.no_embed_class or self.fc_norm):
             raise ValueError("distillation_token=True needs classifier='token' and no register tokens, "
@@ -119,6 +139,15 @@ class ViTConfig:
         """Tokens before the patches: class token, distillation token, registers."""
         return (self.classifier == "token") + self.distillation_token + self.num_register_tokens
 
+    def pixel_normalization(self) -> tuple[float | tuple[float, ...], float | tuple[float, ...]]:
+        """`pixel_normalization(self.image_mean, self.image_std)`."""
+        return pixel_normalization(self.image_mean, self.image_std)
+
+    @property
+    def input_fields(self) -> dict[str, Any]:
+        """The input fields (preprocessing, resize, crop)."""
+        return {name: getattr(self, name) for name in INPUT_FIELDS}
+
     def replace(self, **changes) -> ViTConfig:
         """A copy with `changes` (checked like the builders' keywords)."""
         check_options(changes)
@@ -134,8 +163,9 @@ class ViTConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (`ViTConfig.from_dict` reverses it)."""
         fields = dataclasses.asdict(self)
-        if fields["resnet_stages"] is not None:
-            fields["resnet_stages"] = list(fields["resnet_stages"])
+        for name in ("resnet_stages", "image_mean", "image_std"):
+            if fields[name] is not None:
+                fields[name] = list(fields[name])
         return fields
 
     @classmethod
@@ -160,6 +190,15 @@ class ViTConfig:
 
 
 OPTIONS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(ViTConfig))
+INPUT_FIELDS = ("image_mean", "image_std", "resize_mode", "crop_fraction", "interpolation")
+
+
+def pixel_normalization(image_mean, image_std) -> tuple[float | tuple[float, ...], float | tuple[float, ...]]:
+    """(scale, offset) with `pixels * scale + offset == (pixels / 255 - image_mean) / image_std`, per channel
+    (one number where the channels agree: mean = std = 0.5 gives 1 / 127.5 and -1, the original's [-1, 1])."""
+    scale = tuple(1.0 / (255.0 * std) for std in image_std)
+    offset = tuple(-mean / std for mean, std in zip(image_mean, image_std))
+    return tuple(values[0] if len(set(values)) == 1 else values for values in (scale, offset))
 
 
 def check_options(options: Mapping[str, Any], where: str = "ViTConfig") -> None:

@@ -17,6 +17,7 @@ from ai_edge_litert.interpreter import Interpreter
 
 import keras
 import keras_vit
+from keras_vit import image_io
 from keras_vit.cli import export as export_cli
 from keras_vit.export import data, export_all, model_io, saved_model, serving, tflite
 from tests.testing import TINY_HYBRID, TINY_VIT, graph_op_types, randomize
@@ -119,7 +120,7 @@ def test_tf2_load_without_keras_vit_matches_keras(exported, images, tmp_path):
     expected = keras_outputs(model, images)
     assert_matches_keras(outputs["model_size"], expected)
     assert_matches_keras(outputs["png"], expected)
-    resized = serving.resize(other_size, SIZE).numpy()
+    resized = image_io.fit_to_model(other_size, SIZE).numpy()
     assert_matches_keras(outputs["other_size"], keras_outputs(model, resized))
     np.testing.assert_array_equal(outputs["jpeg"]["classes"][:, 0], expected["probabilities"].argmax(-1))
 

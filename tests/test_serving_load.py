@@ -106,7 +106,7 @@ def test_calibration_folder_decodes_like_serving(valid, bad, tmp_path):
         (tmp_path / f"{name}.{name.split('_')[0]}").write_bytes(valid[name])
     images = data.directory(tmp_path, (32, 32))
     assert images.shape == (5, 32, 32, 3)
-    np.testing.assert_allclose(images[0], serving.resize(decoded(valid["bmp"])[None].astype("float32"),
+    np.testing.assert_allclose(images[0], image_io.fit_to_model(decoded(valid["bmp"])[None].astype("float32"),
                                                          (32, 32))[0], atol=1e-3)
     (tmp_path / "z.png").write_bytes(bad["oversized_png_20000x20000"][1])
     with pytest.raises(tf.errors.InvalidArgumentError, match="over the limit of max_pixels=40000000"):

@@ -12,7 +12,7 @@ import os
 from typing import Any, Mapping
 
 from keras_vit import variants
-from keras_vit.checkpoints import locate, npz, safetensors_file, torch_layout
+from keras_vit.checkpoints import locate, npz, preprocessing, safetensors_file, torch_layout
 from keras_vit.checkpoints.architecture import read_architecture
 
 KERAS_WEIGHTS = "keras"  # the layout of a `.weights.h5` file: keras_vit's own weight paths
@@ -29,6 +29,9 @@ class CheckpointFile:
         shapes: `.npz`-layout key -> shape (empty for `.weights.h5`, which the loader leaves to Keras).
         header: the `.safetensors` header (tensor name -> dtype, shape, offsets), or None.
         hf_config: what the Hugging Face `config.json` beside the file sets (numerics, `num_heads`), or None.
+        preprocessing: the `ViTConfig` input fields (mean, std, resize, crop, interpolation) that a
+            `preprocessor_config.json` or timm `config.json` beside the file declares, or None.
+        preprocessing_source: the file `preprocessing` was read from, or None.
     """
 
     path: str
@@ -36,6 +39,8 @@ class CheckpointFile:
     shapes: Mapping[str, tuple[int, ...]]
     header: Mapping[str, safetensors_file.TensorInfo] | None = None
     hf_config: Mapping[str, Any] | None = None
+    preprocessing: Mapping[str, Any] | None = None
+    preprocessing_source: str | None = None
 
     @property
     def fixed(self) -> dict[str, Any]:
@@ -64,7 +69,7 @@ class CheckpointFile:
         found = self.architecture(num_heads)
         architecture = {name: found[name] for name in (*variants.ARCHITECTURE, "resnet_stages")}
         return {**self.default_numerics, **self.fixed, **architecture, "classifier": found["classifier"],
-                **found["options"]}
+                **found["options"], **(self.preprocessing or {})}
 
     def check_agrees(self, given: Mapping[str, Any]) -> None:
         """Raises ValueError where a given field contradicts the file's config.json."""
@@ -125,11 +130,13 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
         raise missing_file(path)
     if path.endswith(".h5"):
         return CheckpointFile(path, KERAS_WEIGHTS, {})
+    declared, source = preprocessing.read_preprocessing(path) or (None, None)
     if not path.endswith(".safetensors"):
-        return CheckpointFile(path, None, npz.read_npz_shapes(path))
+        return CheckpointFile(path, None, npz.read_npz_shapes(path), preprocessing=declared,
+                              preprocessing_source=source)
     header = safetensors_file.read_header(path)
     shapes = {name: info.shape for name, info in header.items()}
     layout = torch_layout.detect_layout(shapes)
     torch_layout.check_supported(shapes, layout, origin=path)
     hf_config = torch_layout.read_hf_config(path) if layout in torch_layout.HF_LAYOUTS else None
-    return CheckpointFile(path, layout, torch_layout.npz_shapes(shapes, layout), header, hf_config)
+    return CheckpointFile(path, layout, torch_layout.npz_shapes(shapes, layout), header, hf_config, declared, source)

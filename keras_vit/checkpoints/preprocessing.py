@@ -1,0 +1,148 @@
+"""A checkpoint's own input preprocessing, read from the files beside its weights.
+
+Two formats carry it:
+- Hugging Face's `preprocessor_config.json` (the image processor that transformers pairs with the weights:
+  `image_mean`, `image_std`, `size`, `crop_size`, `do_center_crop`, `resample`);
+- timm's `config.json` (`pretrained_cfg`: `mean`, `std`, `interpolation`, `crop_pct`, `crop_mode`), which is
+  what `timm.data.resolve_data_config` + `create_transform` use in evaluation.
+
+The rule, where both are present: `preprocessor_config.json` wins (it is the processor written for those
+weights; for CLIP and SigLIP the two disagree, timm cropping at 0.9 where transformers does not crop). Either is
+turned into the `ViTConfig` input fields: `image_mean`, `image_std` (on [0, 1] pixels), `resize_mode`
+(`"squash"`: both sides to the resize size; `"shortest_edge"`: the short side, keeping the aspect ratio),
+`crop_fraction` (centre crop / resize size, timm's `crop_pct`; 1 = no crop) and `interpolation`. The resize
+size follows from the model's input size: `floor(size / crop_fraction)`, as timm does, so a model built at
+another size keeps the checkpoint's proportions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+TIMM_CONFIG = "config.json"
+
+# transformers' image processors of the ViT family, and whether a plain int `size` means a square (True) or the
+# shortest edge (False), as each processor's `get_size_dict(size, default_to_square=...)` reads it.
+PROCESSOR_TYPES = {
+    "ViTImageProcessor": True, "ViTFeatureExtractor": True,
+    "DeiTImageProcessor": True, "DeiTFeatureExtractor": True,
+    "CLIPImageProcessor": False, "CLIPFeatureExtractor": False,
+    "SiglipImageProcessor": True,
+    "BitImageProcessor": False,  # DINOv2
+}
+# PIL's resampling codes, as `resample` stores them, -> tf.image.resize methods (4 BOX and 5 HAMMING: none).
+PIL_RESAMPLE = {0: "nearest", 1: "lanczos3", 2: "bilinear", 3: "bicubic"}
+TIMM_INTERPOLATION = {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "bicubic", "lanczos": "lanczos3"}
+TIMM_CROP_MODES = {"center": "shortest_edge", "squash": "squash"}
+
+
+def read_preprocessing(weights_path: str) -> tuple[dict[str, Any], str] | None:
+    """The input fields the files beside `weights_path` declare, and the file they come from; None without any.
+
+    Raises:
+        ValueError: an unreadable file, an unknown processor type, resample code, interpolation or crop mode, or
+            values keras_vit cannot reproduce (named, with the file).
+    """
+    folder = os.path.dirname(os.path.abspath(weights_path))
+    processor = os.path.join(folder, PREPROCESSOR_CONFIG)
+    if os.path.isfile(processor):
+        return from_processor_config(_read_json(processor), processor), processor
+    timm_config = os.path.join(folder, TIMM_CONFIG)
+    if os.path.isfile(timm_config):
+        config = _read_json(timm_config)
+        if isinstance(config.get("pretrained_cfg"), dict):
+            return from_timm_config(config["pretrained_cfg"], timm_config), timm_config
+    return None
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as file:
+            config = json.load(file)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"Could not read {path!r}: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path!r}: expected a JSON object, found {type(config).__name__}.")
+    return config
+
+
+def from_processor_config(config: dict, origin: str) -> dict[str, Any]:
+    """The input fields of a transformers `preprocessor_config.json`."""
+    kind = config.get("image_processor_type") or config.get("feature_extractor_type")
+    kind_name = kind.removesuffix("Fast") if isinstance(kind, str) else kind
+    if kind_name not in PROCESSOR_TYPES:
+        raise ValueError(f"{origin!r}: unknown image processor type {kind!r}. keras_vit reads those of the ViT "
+                         f"family: {', '.join(sorted(PROCESSOR_TYPES))} (and their Fast versions).")
+    if config.get("do_rescale", True) and not math.isclose(config.get("rescale_factor", 1 / 255), 1 / 255):
+        raise ValueError(f"{origin!r}: rescale_factor={config['rescale_factor']!r}; keras_vit's models take "
+                         "[0, 255] pixels and reproduce rescale_factor=1/255 only.")
+    fields: dict[str, Any] = {}
+    if config.get("do_normalize", True):
+        fields["image_mean"] = _channels(config.get("image_mean"), "image_mean", origin)
+        fields["image_std"] = _channels(config.get("image_std"), "image_std", origin)
+    else:
+        fields["image_mean"], fields["image_std"] = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    resample = config.get("resample", 2)
+    if resample not in PIL_RESAMPLE:
+        raise ValueError(f"{origin!r}: resample={resample!r} is not a resampling keras_vit reproduces. Supported "
+                         f"PIL codes: {', '.join(f'{code} ({name})' for code, name in PIL_RESAMPLE.items())}.")
+    fields["interpolation"] = PIL_RESAMPLE[resample]
+    mode, resize = _size(config.get("size", 224), PROCESSOR_TYPES[kind_name], "size", origin)
+    fields["resize_mode"] = mode
+    fields["crop_fraction"] = 1.0
+    if config.get("do_center_crop", False) and config.get("crop_size") is not None:
+        _, crop = _size(config["crop_size"], True, "crop_size", origin)
+        if crop[0] != crop[1] or (mode == "squash" and resize[0] != resize[1]):
+            raise ValueError(f"{origin!r}: a non-square resize or crop (size={config.get('size')!r}, crop_size="
+                             f"{config['crop_size']!r}); keras_vit reproduces square ones.")
+        if crop[0] > resize[0]:
+            raise ValueError(f"{origin!r}: crop_size {crop[0]} is larger than the resize size {resize[0]} (a padded "
+                             "crop); keras_vit reproduces crops inside the image.")
+        fields["crop_fraction"] = crop[0] / resize[0]
+    return fields
+
+
+def _size(size, default_to_square: bool, key: str, origin: str) -> tuple[str, tuple[int, int]]:
+    """("squash" | "shortest_edge", (height, width)) of a processor's `size` / `crop_size` entry."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return ("squash", (size, size)) if default_to_square else ("shortest_edge", (size, size))
+    if isinstance(size, dict) and set(size) == {"height", "width"}:
+        return "squash", (int(size["height"]), int(size["width"]))
+    if isinstance(size, dict) and set(size) == {"shortest_edge"}:
+        return "shortest_edge", (int(size["shortest_edge"]),) * 2
+    raise ValueError(f"{origin!r}: {key}={size!r} is not a size keras_vit reproduces. Expected an int, "
+                     "{'height': H, 'width': W} or {'shortest_edge': S}.")
+
+
+def from_timm_config(config: dict, origin: str) -> dict[str, Any]:
+    """The input fields of timm's `pretrained_cfg` (in a hub `config.json`)."""
+    interpolation = config.get("interpolation", "bicubic")
+    if interpolation not in TIMM_INTERPOLATION:
+        raise ValueError(f"{origin!r}: interpolation={interpolation!r} is not one keras_vit reproduces. Supported: "
+                         f"{', '.join(TIMM_INTERPOLATION)}.")
+    crop_mode = config.get("crop_mode", "center")
+    if crop_mode not in TIMM_CROP_MODES:
+        raise ValueError(f"{origin!r}: crop_mode={crop_mode!r} is not one keras_vit reproduces. Supported: "
+                         f"{', '.join(TIMM_CROP_MODES)}.")
+    crop_pct = config.get("crop_pct", 0.875)
+    if not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
+        raise ValueError(f"{origin!r}: crop_pct={crop_pct!r}; expected a number in (0, 1].")
+    return {"image_mean": _channels(config.get("mean"), "mean", origin),
+            "image_std": _channels(config.get("std"), "std", origin),
+            "resize_mode": TIMM_CROP_MODES[crop_mode], "crop_fraction": float(crop_pct),
+            "interpolation": TIMM_INTERPOLATION[interpolation]}
+
+
+def _channels(values, key: str, origin: str) -> tuple[float, float, float]:
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        values = [values] * 3
+    if not isinstance(values, (list, tuple)) or len(values) != 3 or \
+            not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values):
+        raise ValueError(f"{origin!r}: {key}={values!r}; expected 3 numbers, one per RGB channel.")
+    if key in ("std", "image_std") and min(values) <= 0:
+        raise ValueError(f"{origin!r}: {key}={values!r}; every standard deviation must be positive.")
+    return tuple(float(value) for value in values)
