@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from keras_vit import variants
+from keras_vit import features, variants
 
 
 def patch_stride(model: keras.Model) -> int | None:
@@ -44,21 +44,19 @@ def _has_pixel_input(model: keras.Model) -> bool:
 
 
 def logits_model(model: keras.Model) -> keras.Model:
-    """The classifier up to its logits, sharing the model's weights: its `head` Dense layer, or for a DeiT
-    distilled model the mean of its two heads (`head_average`).
+    """The classifier up to its logits, sharing the model's weights: its `head` Dense layer, for a DeiT
+    distilled model the mean of its two heads (`head_average`), for a zero-shot classifier `zero_shot_head`.
 
     Raises ValueError when the model has no `head`, or when its output is neither the logits
     nor a softmax of them: probabilities computed from the logits would then be wrong.
     """
-    try:
-        names = {layer.name for layer in model.layers}
-        head = model.get_layer("head_average" if "head_average" in names else "head")
-    except ValueError:
+    head = features.classifier_head(model)
+    if head is None:
         last_layers = [layer.name for layer in model.layers][-4:]
         raise ValueError(f"Model {model.name!r} has no classification `head` (it ends in {last_layers}): these "
                          "exports serve a classifier's probabilities. Build it with include_top=True (and the "
                          "checkpoint's `classes`), or add a head: keras_vit.ViTModel(backbone.input, "
-                         "keras.layers.Dense(classes, name='head')(backbone.output)).") from None
+                         "keras.layers.Dense(classes, name='head')(backbone.output)).")
     last = model.layers[-1]
     if last is not head:
         activation = getattr(last, "activation", None)

@@ -42,19 +42,28 @@ def next_version(base_dir: str | os.PathLike) -> int:
 def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, version: int | None = None,
                        overwrite: bool = False, top_k: int = 5, class_names: Sequence[str] | None = None,
                        max_pixels: int = serving.DEFAULT_MAX_PIXELS,
-                       max_batch: int = serving.DEFAULT_MAX_BATCH) -> Path:
+                       max_batch: int = serving.DEFAULT_MAX_BATCH, signatures: Sequence[str] = (),
+                       feature_blocks: Sequence[int] = (-1,), embedding: str = "pooled",
+                       l2_normalize: bool = False) -> Path:
     """Writes `base_dir/<version>/` (SavedModel, warmup requests, metadata) atomically; returns its path.
 
     Args:
-        model: a keras_vit classifier (`include_top=True`, softmax or no activation).
+        model: a keras_vit classifier (`include_top=True`, softmax or no activation; a zero-shot classifier), or
+            an image tower without a head (`include_top=False` with a `pooling`), which serves its embedding.
         base_dir: the model's base directory, as given to TF Serving's `--model_base_path`.
         version: positive int. Defaults to one more than the largest existing version.
         overwrite: replace an existing `<version>/`. Defaults to `False` (FileExistsError).
         top_k: number of `classes`/`scores` returned per image. Defaults to `5`.
         class_names: optional names, one per class, returned as `class_names`.
-        max_pixels: largest height * width of one image on either signature; larger images fail
+        max_pixels: largest height * width of one image on every signature; larger images fail
             with INVALID_ARGUMENT before they are decoded. Defaults to 40,000,000.
         max_batch: most images in one request. Defaults to `256`.
+        signatures: extra signatures from encoded images, any of `"embed"`, `"features"`, `"explain"`
+            (`serving.serving_archive`). Defaults to none.
+        feature_blocks: the blocks the `features` signature returns (negative: from the end). Defaults to the last.
+        embedding: `"pooled"` (the head's input) or `"head"` (its output: a CLIP tower's projection), for `embed`
+            and for a model without a head. Defaults to `"pooled"`.
+        l2_normalize: L2-normalize that embedding (CLIP, SigLIP retrieval). Defaults to `False`.
 
     A model built for any input size (`input_shape=(None, None, 3)`) is exported so: `serving_default` takes
     images at their own size, height and width multiples of its patch stride (`serving.serving_archive`).
@@ -72,12 +81,13 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
         raise FileExistsError(f"Version directory {target} already exists. Pass overwrite=True (--overwrite) "
                               f"to replace it, or choose another version (next free: {next_version(base)}).")
     archive = serving.serving_archive(model, top_k=top_k, class_names=class_names, max_pixels=max_pixels,
-                                      max_batch=max_batch)
+                                      max_batch=max_batch, signatures=signatures, feature_blocks=feature_blocks,
+                                      embedding=embedding, l2_normalize=l2_normalize)
     size = model_io.image_size(model)
     metadata = {"image_size": list(size), "any_size_stride": model_io.patch_stride(model),
                 "max_pixels": max_pixels, "max_batch": max_batch,
                 "top_k": min(top_k, int(model.output_shape[-1])), "image_formats": list(image_io.FORMATS),
-                "signatures": ["serving_default", serving.BYTES_SIGNATURE],
+                "signatures": ["serving_default", serving.BYTES_SIGNATURE, *signatures],
                 "preprocessing": {name: list(value) if isinstance(value, tuple) else value
                                   for name, value in model_io.input_fields(model).items()}}
     base.mkdir(parents=True, exist_ok=True)

@@ -4,13 +4,15 @@
 JPEG/PNG/GIF/BMP strings (what TF Serving's REST API receives as `{"b64": ...}`). Both resize
 and crop to the model's size inside, as the checkpoint's own evaluation transform does
 (`image_io.fit_to_model` with the model's `ViTConfig` input fields: e.g. DINOv2's shortest edge to 256,
-bicubic, centre crop 224), normalize with its mean and std, and return `logits`, `probabilities`, top-k `classes` and `scores`,
-and `class_names` when the exporter was given names. A model built for any input size
+bicubic, centre crop 224), normalize with its mean and std, and return `logits`, `probabilities`, top-k
+`classes` and `scores`, and `class_names` when the exporter was given names (a model without a head: its
+`embedding`). Optional signatures from encoded images serve more than class probabilities: `embed` (the
+pooled embedding), `features` (chosen blocks' maps) and `explain` (the attention rollout). A model built for any input size
 (`input_shape=(None, None, 3)`) is served at each image's own size on `serving_default`: no resize,
 height and width must be multiples of its patch stride (else INVALID_ARGUMENT); `serving_bytes`
 still resizes, to the size of its checkpoint (`model_io.image_size`), as a batch has one size.
 
-Both are bounded: a request holds at most `max_batch` images of at most `max_pixels` pixels
+Every signature is bounded: a request holds at most `max_batch` images of at most `max_pixels` pixels
 each, or fails with INVALID_ARGUMENT naming the limit. Encoded images are checked from their
 headers before anything is decoded (`keras_vit.image_io`), and decoded one at a time, so a
 request never holds more than one decoded image.
@@ -24,11 +26,12 @@ import keras
 import tensorflow as tf
 
 from . import model_io
-from keras_vit import image_io
+from keras_vit import features, image_io
 
 IMAGES_KEY = "images"
 BYTES_KEY = "image_bytes"
 BYTES_SIGNATURE = "serving_bytes"
+EXTRA_SIGNATURES = ("embed", "features", "explain")
 DEFAULT_MAX_PIXELS = image_io.DEFAULT_MAX_PIXELS
 DEFAULT_MAX_BATCH = 256
 
@@ -94,27 +97,81 @@ def check_limits(max_pixels: int, max_batch: int) -> None:
             raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
 
 
-def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence[str] | None = None,
-                    max_pixels: int = DEFAULT_MAX_PIXELS,
-                    max_batch: int = DEFAULT_MAX_BATCH) -> keras.export.ExportArchive:
-    """An ExportArchive with the `serving_default` and `serving_bytes` endpoints of `model`.
+def check_signatures(signatures: Sequence[str]) -> None:
+    """Raises ValueError for a name that is not one of `EXTRA_SIGNATURES`."""
+    unknown = [name for name in signatures if name not in EXTRA_SIGNATURES]
+    if unknown or isinstance(signatures, str):
+        raise ValueError(f"Unknown signature {(unknown or [signatures])[0]!r}. Expected a sequence of "
+                         f"{', '.join(EXTRA_SIGNATURES)}.")
 
-    `max_pixels` bounds each image's height * width and `max_batch` the images per request, on
-    both endpoints. A model of any input size takes `serving_default`'s images at their own size.
+
+def _extra_models(model: keras.Model, signatures: Sequence[str], feature_blocks: Sequence[int],
+                  embedding: str, l2_normalize: bool) -> dict[str, keras.Model]:
+    """Signature name -> a model of [0, 255] pixels (the checkpoint's normalization prepended) with dict outputs."""
+    fields = model_io.input_fields(model)
+    has_head = features.classifier_head(model) is not None
+    views = {"embed": lambda: features.embedding_model(model, embedding, l2_normalize),
+             "features": lambda: features.features_model(model, feature_blocks, output="nhwc"),
+             "explain": lambda: features.explain_model(model_io.logits_model(model) if has_head else model)}
+    return {name: model_io.with_pixel_input(views[name](), fields) for name in signatures}
+
+
+def _explanation(outputs: dict[str, tf.Tensor], has_head: bool) -> dict[str, tf.Tensor]:
+    """The rollout map, with the top class and its probability when the model classifies."""
+    if not has_head:
+        return {"rollout": outputs["rollout"]}
+    probabilities = tf.nn.softmax(outputs["output"])
+    return {"rollout": outputs["rollout"], "classes": tf.argmax(probabilities, axis=-1, output_type=tf.int32),
+            "scores": tf.reduce_max(probabilities, axis=-1)}
+
+
+def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence[str] | None = None,
+                    max_pixels: int = DEFAULT_MAX_PIXELS, max_batch: int = DEFAULT_MAX_BATCH,
+                    signatures: Sequence[str] = (), feature_blocks: Sequence[int] = (-1,),
+                    embedding: str = "pooled", l2_normalize: bool = False) -> keras.export.ExportArchive:
+    """An ExportArchive with the `serving_default` and `serving_bytes` endpoints of `model`, and the `signatures`
+    asked for (each from encoded images, resized as `serving_bytes`):
+
+    - `embed`: `{"embedding": (batch, D)}`, `keras_vit.features.embedding_model(model, embedding, l2_normalize)`;
+    - `features`: `{"block_<i>": (batch, rows, columns, D), "block_<i>_prefix": (batch, prefix, D)}` of the
+      `feature_blocks`, `keras_vit.features.features_model`;
+    - `explain`: `{"rollout": (batch, height, width)}`, the attention rollout at the model's input size, with
+      the top class (`classes`) and its probability (`scores`) for a classifier.
+
+    A model without a classification head (`include_top=False` with a `pooling`) serves its embedding on
+    `serving_default` and `serving_bytes` too. `max_pixels` bounds each image's height * width and `max_batch` the
+    images per request, on every endpoint. A model of any input size takes `serving_default`'s images at their own
+    size.
     """
     check_limits(max_pixels, max_batch)
-    pixel_logits = model_io.pixel_logits_model(model)
+    check_signatures(signatures)
     fields = model_io.input_fields(model)
     size, stride = model_io.image_size(model), model_io.patch_stride(model)
-    num_classes = int(pixel_logits.output_shape[-1])
-    if class_names is not None and len(class_names) != num_classes:
-        raise ValueError(f"Expected {num_classes} class names (one per model class). "
-                         f"Received {len(class_names)}.")
-    if not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"`top_k` must be a positive int. Received: top_k={top_k!r}")
-    top_k = min(top_k, num_classes)
+    if "explain" in signatures and stride:
+        raise ValueError("The explain signature needs a model of a fixed input size (its rollout map has the "
+                         "model's size): export a model built at one size, without --any-size.")
+    has_head = features.classifier_head(model) is not None
+    extra = _extra_models(model, signatures, feature_blocks, embedding, l2_normalize)
+    if has_head:
+        pixel_logits = model_io.pixel_logits_model(model)
+        num_classes = int(pixel_logits.output_shape[-1])
+        if class_names is not None and len(class_names) != num_classes:
+            raise ValueError(f"Expected {num_classes} class names (one per model class). "
+                             f"Received {len(class_names)}.")
+        if not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"`top_k` must be a positive int. Received: top_k={top_k!r}")
+        top_k = min(top_k, num_classes)
+    else:
+        if class_names is not None:
+            raise ValueError(f"class_names need a classifier, but model {model.name!r} has no classification head "
+                             "(it serves its embedding). Build it with include_top=True, or make a zero-shot "
+                             "classifier: keras_vit.features.zero_shot_classifier(model, class_embeddings).")
+        pixel_embedding = model_io.with_pixel_input(features.embedding_model(model, embedding, l2_normalize),
+                                                    fields)
 
     def predict(images: tf.Tensor) -> dict[str, tf.Tensor]:
+        if not has_head:
+            return pixel_embedding(images, training=False)
         return _predictions(pixel_logits(images, training=False), top_k, class_names)
 
     def serve_images(images: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -128,8 +185,24 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
             return predict(decode(tf.identity(image_bytes), size, max_pixels, fields))
 
     archive = keras.export.ExportArchive()
-    archive.track(pixel_logits)
+    archive.track(pixel_logits if has_head else pixel_embedding)
     archive.add_endpoint("serving_default", serve_images,
                          input_signature=[tf.TensorSpec((None, None, None, 3), tf.float32, IMAGES_KEY)])
-    archive.add_endpoint(BYTES_SIGNATURE, serve_bytes, input_signature=[tf.TensorSpec((None,), tf.string, BYTES_KEY)])
+    bytes_spec = [tf.TensorSpec((None,), tf.string, BYTES_KEY)]
+    archive.add_endpoint(BYTES_SIGNATURE, serve_bytes, input_signature=bytes_spec)
+    for name, view in extra.items():
+        archive.track(view)
+        finish = (lambda outputs: _explanation(outputs, has_head)) if name == "explain" else dict
+        archive.add_endpoint(name, _bytes_endpoint(view, finish, size, fields, max_pixels, max_batch),
+                             input_signature=bytes_spec)
     return archive
+
+
+def _bytes_endpoint(view: keras.Model, finish, size: tuple[int, int], fields: dict, max_pixels: int,
+                    max_batch: int):
+    """An endpoint function: encoded images -> `finish(view(images))`, bounded as `serving_bytes`."""
+    def serve(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+        with tf.control_dependencies([check_batch(tf.size(image_bytes), max_batch)]):
+            return finish(view(decode(tf.identity(image_bytes), size, max_pixels, fields), training=False))
+
+    return serve

@@ -3,7 +3,11 @@
 `features_model(model, blocks)` is the same model (same weights, no copies) whose outputs are the tokens of
 the chosen encoder blocks, the prefix tokens (class, registers) split from the patch tokens, the patch tokens
 as NHWC feature maps or as a sequence: the spirit of timm's `forward_intermediates`. `attention_model(model)`
-is the same model with every block's attention weights as outputs too (the inspection tools read them).
+is the same model with every block's attention weights as outputs too (the inspection tools read them);
+`explain_model(model)` adds their attention rollout as a map at the image's resolution. `embedding_model(model)`
+is the pooled image embedding (optionally L2-normalized, as CLIP and SigLIP are used for retrieval), and
+`zero_shot_classifier(model, class_embeddings)` a classifier whose head is made of class embeddings computed
+elsewhere (e.g. a CLIP text tower's). All of them are graphs the exporters serve (`keras-vit-export --signatures`).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_vit import layers as vit_layers
@@ -156,3 +161,155 @@ def attention_model(model: keras.Model) -> keras.Model:
     clone = keras.models.clone_model(model, clone_function=lambda layer: layer, call_function=call_function)
     return keras.Model(clone.input, {"output": clone.output, "attention": scores},
                        name=f"{model.name}_attention")
+
+
+# === Served views: embeddings, zero-shot heads, explanations ===
+
+EMBEDDING_SOURCES = ("pooled", "head")
+HEAD_NAMES = ("head_average", "zero_shot_head", "head")  # the classifier's last Dense, by preference
+
+
+def classifier_head(model: keras.Model) -> keras.layers.Layer | None:
+    """The layer whose output is the model's logits (`head`; DeiT distilled: `head_average`; a zero-shot
+    classifier: `zero_shot_head`), or None for a model without a classification head."""
+    names = {layer.name for layer in model.layers}
+    for name in HEAD_NAMES:
+        if name in names:
+            return model.get_layer(name)
+    return None
+
+
+def embedding_model(model: keras.Model, source: str = "pooled", l2_normalize: bool = False) -> keras.Model:
+    """The model's image embedding (batch, D), sharing its layers and weights.
+
+    Args:
+        model: a keras_vit model: a classifier, or one built with `include_top=False` and a `pooling`.
+        source: `"pooled"`: the input of the classification head (the pooled, pre-logits representation), or the
+            output of a model without a head; `"head"`: the head's output (a CLIP tower's projection, which the
+            loader puts in `head`). Defaults to `"pooled"`.
+        l2_normalize: divide by the L2 norm (CLIP and SigLIP embeddings are compared by cosine). Defaults to
+            `False`.
+
+    Returns:
+        A `keras.Model` on the model's inputs with output `{"embedding": (batch, D)}`.
+    """
+    if source not in EMBEDDING_SOURCES:
+        raise ValueError(f"Unknown embedding source {source!r}. Expected one of {EMBEDDING_SOURCES}.")
+    head = classifier_head(model)
+    if head is None and source == "head":
+        raise ValueError(f"source='head' needs a classification head (a CLIP tower's projection), which model "
+                         f"{model.name!r} does not have: use source='pooled'.")
+    if head is None:
+        embedding = model.outputs[0]
+        if len(embedding.shape) != 2:
+            raise ValueError(f"Model {model.name!r} outputs tokens {tuple(embedding.shape)}, not one vector per "
+                             "image: build it with include_top=False and pooling='token', 'avg' or 'map'.")
+    else:
+        embedding = head.output if source == "head" else _head_input(model, head)
+    if l2_normalize:
+        embedding = keras.layers.UnitNormalization(axis=-1, name="l2_normalize")(embedding)
+    return keras.Model(model.inputs, {"embedding": embedding}, name=f"{model.name}_embedding")
+
+
+def _head_input(model: keras.Model, head: keras.layers.Layer):
+    """The representation the head reads (DeiT distilled: the class token's, the input of `head`)."""
+    return model.get_layer("head").input if head.name == "head_average" else head.input
+
+
+def zero_shot_classifier(model: keras.Model, class_embeddings, *, source: str = "head", logit_scale: float = 100.0,
+                         logit_bias: float = 0.0, classifier_activation: str | None = "softmax") -> keras.Model:
+    """A classifier whose classes are embeddings: `logit_scale * cos(image, class) + logit_bias`.
+
+    With a CLIP image tower and its text tower's embeddings of prompts ("a photo of a {class}"), this is CLIP's
+    zero-shot classifier (logit_scale 100); with SigLIP's, pass its `logit_scale` and `logit_bias` (SigLIP scores
+    each class with a sigmoid of the logit; softmax ranks them the same). The result is a keras_vit classifier
+    like any other (its head is `zero_shot_head`), so `keras-vit-export` serves it.
+
+    Args:
+        model: a keras_vit image tower.
+        class_embeddings: (classes, D) array, one row per class, in the space of `embedding_model(model, source)`.
+        source: as `embedding_model`. Defaults to `"head"` (a CLIP tower's projection).
+        logit_scale, logit_bias: floats. Default to `100.0` and `0.0` (CLIP's).
+        classifier_activation: of the output. Defaults to `"softmax"`.
+    """
+    embeddings = np.asarray(class_embeddings, dtype="float32")
+    tower = embedding_model(model, source=source, l2_normalize=True)
+    width = tower.outputs[0].shape[-1]
+    if embeddings.ndim != 2 or embeddings.shape[1] != width or not len(embeddings):
+        raise ValueError(f"class_embeddings must be (classes, {width}) to match the {source!r} embedding of model "
+                         f"{model.name!r}. Received shape: {embeddings.shape}")
+    norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+    if not np.all(norms > 0):
+        raise ValueError(f"class_embeddings rows {np.flatnonzero(norms[:, 0] == 0).tolist()} are zero vectors.")
+    head = keras.layers.Dense(len(embeddings), name="zero_shot_head", dtype="float32")
+    logits = head(tower.outputs[0])
+    head.set_weights([(embeddings / norms).T * logit_scale, np.full(len(embeddings), logit_bias, "float32")])
+    outputs = logits if classifier_activation is None else keras.layers.Activation(
+        classifier_activation, name="predictions", dtype="float32")(logits)
+    from keras_vit.models import ViTModel  # the models import this module
+
+    return ViTModel(model.inputs, outputs, name=f"{model.name}_zero_shot", vit_config=getattr(model, "vit_config",
+                                                                                               None))
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AttentionRollout(keras.layers.Layer):
+    """Attention rollout (Abnar & Zuidema 2020) in the model's graph: per-block attention weights -> the
+    (batch, rows, columns) share of the pooled output that flows from each patch.
+
+    Each block's weights are averaged over heads, the identity added (the residual) and rows renormalized; the
+    blocks are multiplied, first rightmost. The map is the class token's row over the patches (a model with a
+    class token), else the mean of all rows. `keras_vit.inspection.rollout` and `rollout_map` compute the same in
+    NumPy (float64), which the tests compare.
+
+    Args:
+        grid_size: (rows, columns) of the patch grid.
+        num_prefix_tokens: tokens before the grid.
+        class_token: whether token 0 is a class token.
+    """
+
+    def __init__(self, grid_size: Sequence[int], num_prefix_tokens: int, class_token: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(grid_size)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.class_token = class_token
+
+    def call(self, attentions):
+        joint = None
+        for attention in attentions:
+            attention = ops.cast(attention, "float32")
+            mixed = ops.mean(attention, axis=1) + ops.eye(attention.shape[-1], dtype="float32")
+            mixed = mixed / ops.sum(mixed, axis=-1, keepdims=True)
+            joint = mixed if joint is None else ops.matmul(mixed, joint)
+        patches = joint[:, :, self.num_prefix_tokens:]
+        flows = patches[:, 0] if self.class_token else ops.mean(patches, axis=1)
+        return ops.reshape(flows, (-1, *self.grid_size))
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0][0], *self.grid_size)
+
+    def get_config(self):
+        return {**super().get_config(), "grid_size": self.grid_size, "num_prefix_tokens": self.num_prefix_tokens,
+                "class_token": self.class_token}
+
+
+def explain_model(model: keras.Model) -> keras.Model:
+    """The model with its attention-rollout map at the input's resolution, sharing its weights.
+
+    Returns a `keras.Model` with outputs `{"output": the model's output, "rollout": (batch, height, width)}`:
+    the rollout over the patch grid (`AttentionRollout`), resized bilinearly to the input's height and width.
+    Needs a model of a fixed input size.
+    """
+    position = model.get_layer("posembed_input")
+    if position.patch_stride is not None:
+        raise ValueError(f"explain_model needs a model of a fixed input size, but model {model.name!r} takes any "
+                         "size: build it at the served size, input_shape=(height, width, 3), from the same weights.")
+    height, width = model.inputs[0].shape[1:3]
+    probe = attention_model(model)
+    class_token = any(isinstance(layer, vit_layers.ClassToken) for layer in model.layers)
+    grid = AttentionRollout(position.grid_size, num_prefix_tokens(model), class_token,
+                            name="attention_rollout")(probe.output["attention"])
+    resized = keras.layers.Resizing(height, width, interpolation="bilinear", name="rollout_resize",
+                                    dtype="float32")(ops.expand_dims(grid, -1))
+    return keras.Model(probe.inputs, {"output": probe.output["output"], "rollout": resized[..., 0]},
+                       name=f"{model.name}_explain")

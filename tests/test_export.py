@@ -233,13 +233,14 @@ def test_cli_versions_never_overwrite_unless_asked(tmp_path):
     assert saved_model.next_version(base) == 2
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(classifier_activation="sigmoid"), "softmax"),
-    (dict(include_top=False, pooling="token"), "head"),
-])
-def test_rejects_models_without_logits(overrides, message):
-    with pytest.raises(ValueError, match=message):
-        serving.serving_archive(tiny_model("plain", **overrides))
+def test_rejects_models_without_logits():
+    with pytest.raises(ValueError, match="softmax"):
+        serving.serving_archive(tiny_model("plain", classifier_activation="sigmoid"))
+    headless = tiny_model("plain", include_top=False, pooling="token")
+    with pytest.raises(ValueError, match="has no classification `head`"):
+        model_io.logits_model(headless)  # the TFLite classifier export
+    with pytest.raises(ValueError, match="class_names need a classifier"):
+        serving.serving_archive(headless, class_names=["a"])  # a tower serves its embedding, without names
 
 
 def test_model_without_preprocessing_takes_pixels(images):

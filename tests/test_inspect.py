@@ -282,12 +282,14 @@ def test_command_line_writes_four_pngs(saved_model, tmp_path):
 def test_command_line_needs_one_model_source(tmp_path, capsys):
     with pytest.raises(SystemExit):
         inspect_cli.main(["--image", "x.png", "--out", str(tmp_path)])
-    assert "one of the arguments --model --variant is required" in capsys.readouterr().err
+    assert "one of --model, --variant or --weights is required" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         inspect_cli.main(["--model", "m.keras", "--weights", "w.npz", "--image", "x.png", "--out", str(tmp_path)])
-    assert "--weights needs --variant" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="exactly one"):
+    assert "--model is a saved model: give it alone" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="Give a model .*a `variant`, or weights= a local weights file"):
         keras_vit.model_files.load_or_build(None)
+    with pytest.raises(ValueError, match="not both"):
+        keras_vit.model_files.load_or_build("m.keras", variant="B/16")
 
 
 @pytest.mark.slow

@@ -15,12 +15,16 @@ if TYPE_CHECKING:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--model FILE.keras` or `--variant NAME [--weights W] [--image-size SIZE [WIDTH]] [--classes N]`."""
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="a saved keras_vit model (.keras)")
-    source.add_argument("--variant", help='a variant to build, e.g. "B/16" or "R50+B/16"')
-    parser.add_argument("--weights", help="weights for --variant: a registered name or a file path "
-                                          "(default: random initialization)")
+    """`--model FILE.keras`, or `[--variant NAME] [--weights W] [--image-size SIZE [WIDTH]] [--classes N]
+    [--pooling P]`."""
+    parser.add_argument("--model", help="a saved keras_vit model (.keras)")
+    parser.add_argument("--variant", help='a variant to build, e.g. "B/16" or "R50+B/16"')
+    parser.add_argument("--weights", help="weights to build: a registered name (with --variant), or a weights file, "
+                                          "save_pretrained directory or hf://org/name in the local hub cache "
+                                          "(the architecture read from it without --variant; default: random)")
+    parser.add_argument("--pooling", choices=("token", "avg", "map"),
+                        help="build without the head, returning this pooled embedding (default: with the head; "
+                             "weights without one pool as their model does)")
     parser.add_argument("--image-size", type=int, nargs="+", default=[224], metavar="SIZE",
                         help="input size for --variant: one value (square) or height width (default: 224)")
     parser.add_argument("--classes", type=int,
@@ -37,13 +41,16 @@ def image_size(parser: argparse.ArgumentParser, values: Sequence[int]) -> tuple[
 def model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                     input_shape: tuple[int | None, int | None, int] | None = None) -> keras.Model:
     """The model the `add_model_arguments` flags select; `input_shape`, if given, replaces `--image-size`'s."""
-    if args.weights and not args.variant:
-        parser.error("--weights needs --variant (a .keras model carries its own weights).")
+    if args.model and (args.variant or args.weights):
+        parser.error("--model is a saved model: give it alone, or --variant / --weights to build one.")
+    if not (args.model or args.variant or args.weights):
+        parser.error("one of --model, --variant or --weights is required.")
     from keras_vit import model_files
 
     height, width = image_size(parser, args.image_size)
     return model_files.load_or_build(args.model, variant=args.variant, weights=args.weights,
-                                     input_shape=input_shape or (height, width, 3), classes=args.classes)
+                                     input_shape=input_shape or (height, width, 3), classes=args.classes,
+                                     pooling=args.pooling)
 
 
 def load_image(path: str, height: int, width: int, channels: int) -> np.ndarray:

@@ -3,6 +3,7 @@
     keras-vit-export --model vit.keras --out /models/vit [--version N] [--overwrite]
     keras-vit-export --variant B/16 --weights vit.weights.h5 --out /models/vit
     keras-vit-export --variant B/16 --weights imagenet --any-size --out /models/vit
+    keras-vit-export --weights hf://facebook/dinov2-base --include-top=false ... --signatures embed,features
 """
 
 from __future__ import annotations
@@ -34,26 +35,68 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                         help=f"most images per request (default: {DEFAULT_MAX_BATCH})")
     parser.add_argument("--any-size", action="store_true",
-                        help="build --variant for any input size (instead of --image-size): serving_default then "
+                        help="build --variant / --weights for any input size (instead of --image-size): serving_default then "
                              "takes images at their own size, multiples of the patch stride, without resizing (a "
                              ".keras model built with input_shape=(None, None, 3) is exported so by itself)")
+    parser.add_argument("--signatures", default="",
+                        help="extra signatures from encoded images, comma-separated: embed (the pooled image "
+                             "embedding), features (blocks' token maps, --feature-blocks), explain (the attention "
+                             "rollout at the model's size, with the top class)")
+    parser.add_argument("--feature-blocks", default="-1",
+                        help="blocks of the features signature, comma-separated, negative from the end "
+                             "(default: -1, the last)")
+    parser.add_argument("--embedding", choices=("pooled", "head"), default="pooled",
+                        help="the embedding served by embed (and by a model without a head): the head's input "
+                             "(default), or its output (a CLIP tower's projection, loaded as its head)")
+    parser.add_argument("--l2-normalize", action="store_true",
+                        help="L2-normalize the embedding (CLIP and SigLIP embeddings are compared by cosine)")
+    parser.add_argument("--class-embeddings",
+                        help=".npy file of (classes, D) class embeddings (e.g. a CLIP text tower's prompts): serve a "
+                             "zero-shot classifier whose head is their cosine with the --embedding, times "
+                             "--logit-scale, plus --logit-bias")
+    parser.add_argument("--logit-scale", type=float, default=100.0,
+                        help="zero-shot logit scale (default: 100, CLIP's)")
+    parser.add_argument("--logit-bias", type=float, default=0.0, help="zero-shot logit bias (default: 0; SigLIP's "
+                                                                      "is negative)")
     return parser
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.any_size and not args.variant:
-        parser.error("--any-size builds a --variant; a .keras model keeps the input shape it was built with.")
+    if args.any_size and args.model:
+        parser.error("--any-size builds a --variant or --weights; a .keras model keeps the input shape it was built "
+                     "with.")
+    signatures = _names(args.signatures)
+    unknown = [name for name in signatures if name not in ("embed", "features", "explain")]
+    if unknown:
+        parser.error(f"--signatures: unknown signature {unknown[0]!r}; expected embed, features or explain.")
+    try:
+        feature_blocks = tuple(int(block) for block in _names(args.feature_blocks))
+    except ValueError:
+        parser.error(f"--feature-blocks: expected comma-separated ints, e.g. -1 or 3,7,11. Received: "
+                     f"{args.feature_blocks!r}")
     cli.require("keras-vit-export", "export")
+    import numpy as np
+
+    from keras_vit import features
     from keras_vit.export import saved_model, serving
 
     model = common.model_from_args(parser, args, input_shape=(None, None, 3) if args.any_size else None)
+    if args.class_embeddings:
+        model = features.zero_shot_classifier(model, np.load(args.class_embeddings), source=args.embedding,
+                                              logit_scale=args.logit_scale, logit_bias=args.logit_bias)
     class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines() if args.class_names else None
     path = saved_model.export_saved_model(model, args.out, version=args.version, overwrite=args.overwrite,
                                           top_k=args.top_k, class_names=class_names, max_pixels=args.max_pixels,
-                                          max_batch=args.max_batch)
-    print(f"Wrote SavedModel {path} (signatures: serving_default, {serving.BYTES_SIGNATURE}).")
+                                          max_batch=args.max_batch, signatures=signatures,
+                                          feature_blocks=feature_blocks, embedding=args.embedding,
+                                          l2_normalize=args.l2_normalize)
+    print(f"Wrote SavedModel {path} (signatures: {', '.join(['serving_default', serving.BYTES_SIGNATURE, *signatures])}).")
     return 0
 
 
