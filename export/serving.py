@@ -56,7 +56,8 @@ def decode(image_bytes: tf.Tensor, size: tuple[int, int], max_pixels: int = DEFA
 
 def _transform(fields: dict) -> dict:
     """The resize and crop keywords of `image_io.fit_to_model` among a model's input fields."""
-    return {name: fields[name] for name in ("resize_mode", "crop_fraction", "interpolation") if name in fields}
+    return {name: fields[name] for name in ("resize_mode", "crop_fraction", "interpolation", "crop_offset")
+            if name in fields}
 
 
 def check_batch(batch_size: tf.Tensor, max_batch: int) -> tf.Operation:

@@ -10,7 +10,7 @@ The headers are read with graph ops only, so the checks run inside exported Save
 fields for PNG (IHDR, big-endian uint32), GIF (logical screen, little-endian uint16) and BMP
 (BITMAPINFOHEADER int32, or the old uint16 BITMAPCOREHEADER).
 
-Decoded images are RGB uint8: grayscale is repeated to three channels; alpha is dropped (the
+Decoded images are RGB uint8 (JPEG with the accurate integer DCT, as PIL): grayscale is repeated to three channels; alpha is dropped (the
 stored colour is kept, as PIL's `convert("RGB")` and torchvision/timm folder loaders do, so
 served and trained images agree); CMYK and YCCK JPEGs are converted to RGB by libjpeg; 16-bit
 PNGs are scaled to 8 bits; GIFs give their first frame.
@@ -107,20 +107,24 @@ def decode_rgb(data: tf.Tensor, max_pixels: int = DEFAULT_MAX_PIXELS) -> tf.Tens
     shape = image_shape(data)
     with tf.control_dependencies([check_size(shape[0], shape[1], max_pixels)]):
         data = tf.identity(data)  # Nothing below runs before the check passed.
-    image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    # JPEG with the accurate integer DCT, as PIL (and so transformers' and timm's pipelines) decodes it; TensorFlow's
+    # default, the fast one, is about a grey level off on average.
+    image = tf.cond(tf.io.is_jpeg(data),
+                    lambda: tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE"),
+                    lambda: tf.io.decode_image(data, channels=3, expand_animations=False))
     image.set_shape([None, None, 3])
     return image
 
 
 def fit_to_model(images: tf.Tensor, size: tuple[int, int], *, resize_mode: str = "squash",
-                 crop_fraction: float = 1.0, interpolation: str = "bilinear") -> tf.Tensor:
+                 crop_fraction: float = 1.0, interpolation: str = "bilinear", crop_offset: str = "floor") -> tf.Tensor:
     """Images (batch, height, width, 3) of one size -> float32 (batch, *size, 3): resized, then centre-cropped.
 
     The checkpoint's evaluation transform (`ViTConfig.input_fields`): the resize size is
     `floor(size / crop_fraction)` (timm's `crop_pct` rule); `"squash"` resizes both sides to it, `"shortest_edge"`
     the short side, the long one to `int(resize * long / short)` (as transformers and torchvision). The crop takes
-    the centre, its top-left offset `(resized - size) // 2` (transformers; torchvision rounds, a pixel apart where
-    the margin is odd). `interpolation` is a `tf.image.resize` method, antialiased when shrinking (as PIL, which
+    the centre, its top-left offset `(resized - size) // 2` (`crop_offset="floor"`, transformers) or that halved
+    margin rounded half to even (`"round"`, torchvision, which timm uses). `interpolation` is a `tf.image.resize` method, antialiased when shrinking (as PIL, which
     transformers and timm resize with). An image already at `size` with no crop passes unchanged.
     """
     height, width = size
@@ -133,7 +137,8 @@ def fit_to_model(images: tf.Tensor, size: tuple[int, int], *, resize_mode: str =
         target = tf.where(in_shape == tf.reduce_min(in_shape), short, scaled)  # the short side exactly `short`
         target = tf.maximum(target, tf.constant([height, width], tf.int32))
     resized = tf.image.resize(images, target, method=interpolation, antialias=True)
-    top = (tf.shape(resized)[1] - height) // 2
-    left = (tf.shape(resized)[2] - width) // 2
+    margins = tf.shape(resized)[1:3] - tf.constant([height, width])
+    offsets = margins // 2 if crop_offset == "floor" else tf.cast(tf.round(tf.cast(margins, tf.float64) / 2), tf.int32)
+    top, left = offsets[0], offsets[1]
     cropped = resized[:, top:top + height, left:left + width, :]
     return tf.ensure_shape(tf.cast(cropped, tf.float32), (None, height, width, 3))

@@ -38,6 +38,7 @@ CLASSIFIERS = ("token", "gap", "map")
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
 ACTIVATIONS = ("gelu", "quick_gelu")
 RESIZE_MODES = ("squash", "shortest_edge")
+CROP_OFFSETS = ("floor", "round")
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos3")
 
 
@@ -86,6 +87,7 @@ class ViTConfig:
     resize_mode: str = "squash"  # "squash": both sides to the resize size; "shortest_edge": the short side
     crop_fraction: float = 1.0  # centre crop / resize size (timm's crop_pct); 1: no crop
     interpolation: str = "bilinear"  # of the resize, antialiased when shrinking
+    crop_offset: str = "floor"  # the crop's top-left: (resized - size) // 2 (transformers) or rounded (torchvision)
     # Regularization and memory.
     dropout_rate: float = 0.0
     attention_dropout_rate: float = 0.0
@@ -106,7 +108,7 @@ class ViTConfig:
     def _check(self) -> None:
         for field, allowed in (("classifier", CLASSIFIERS), ("position_embedding", POSITION_EMBEDDINGS),
                                ("activation", ACTIVATIONS), ("resize_mode", RESIZE_MODES),
-                               ("interpolation", INTERPOLATIONS)):
+                               ("interpolation", INTERPOLATIONS), ("crop_offset", CROP_OFFSETS)):
             value = getattr(self, field)
             if value not in allowed:
                 hint = (" (the model's own pooling is spelled classifier='gap'; pooling='avg' is the output "
@@ -190,7 +192,7 @@ class ViTConfig:
 
 
 OPTIONS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(ViTConfig))
-INPUT_FIELDS = ("image_mean", "image_std", "resize_mode", "crop_fraction", "interpolation")
+INPUT_FIELDS = ("image_mean", "image_std", "resize_mode", "crop_fraction", "interpolation", "crop_offset")
 
 
 def pixel_normalization(image_mean, image_std) -> tuple[float | tuple[float, ...], float | tuple[float, ...]]:

@@ -3,6 +3,7 @@ beside the weights, used by the model's `preprocessing` layer, kept by `.keras` 
 SavedModel's resize, crop and normalization. The processor files below are shaped like those of the named hub
 repositories (their keys and values as published); the weights are tiny random ones."""
 
+import io
 import json
 import math
 import warnings
@@ -26,28 +27,28 @@ PROCESSORS = {  # repository: (preprocessor_config.json, expected fields)
         {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
          "feature_extractor_type": "CLIPFeatureExtractor", "image_mean": CLIP_MEAN, "image_std": CLIP_STD,
          "resample": 3, "size": 224},
-        dict(resize_mode="shortest_edge", crop_fraction=1.0, interpolation="bicubic")),
+        dict(resize_mode="shortest_edge", crop_fraction=1.0, interpolation="bicubic", crop_offset="floor")),
     "facebook/dinov2-base": (
         {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_convert_rgb": True,
          "do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": IMAGENET_MEAN,
          "image_processor_type": "BitImageProcessor", "image_std": IMAGENET_STD, "resample": 3,
          "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 256}},
-        dict(resize_mode="shortest_edge", crop_fraction=0.875, interpolation="bicubic")),
+        dict(resize_mode="shortest_edge", crop_fraction=0.875, interpolation="bicubic", crop_offset="floor")),
     "google/siglip-base-patch16-224": (
         {"do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
          "image_processor_type": "SiglipImageProcessor", "image_std": [0.5, 0.5, 0.5], "processor_class":
          "SiglipProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
          "size": {"height": 224, "width": 224}},
-        dict(resize_mode="squash", crop_fraction=1.0, interpolation="bicubic")),
+        dict(resize_mode="squash", crop_fraction=1.0, interpolation="bicubic", crop_offset="floor")),
     "google/vit-base-patch16-224": (
         {"do_normalize": True, "do_resize": True, "feature_extractor_type": "ViTFeatureExtractor",
          "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2, "size": 224},
-        dict(resize_mode="squash", crop_fraction=1.0, interpolation="bilinear")),
+        dict(resize_mode="squash", crop_fraction=1.0, interpolation="bilinear", crop_offset="floor")),
     "facebook/deit-base-distilled-patch16-224": (
         {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
          "feature_extractor_type": "DeiTFeatureExtractor", "image_mean": IMAGENET_MEAN,
          "image_std": IMAGENET_STD, "resample": 3, "size": 256},
-        dict(resize_mode="squash", crop_fraction=0.875, interpolation="bicubic")),
+        dict(resize_mode="squash", crop_fraction=0.875, interpolation="bicubic", crop_offset="floor")),
 }
 TIMM_AUGREG = {"architecture": "vit_base_patch16_224", "num_classes": 21843, "pretrained_cfg": {
     "tag": "augreg_in21k", "input_size": [3, 224, 224], "fixed_input_size": True, "interpolation": "bicubic",
@@ -84,7 +85,7 @@ def test_timm_pretrained_cfg_is_read_and_the_processor_file_wins_over_it(tmp_pat
     folder = save_pretrained(tmp_path / "timm", config=TIMM_AUGREG, timm=True)
     file = read_checkpoint(folder)
     assert file.preprocessing == dict(image_mean=(0.5,) * 3, image_std=(0.5,) * 3, resize_mode="shortest_edge",
-                                      crop_fraction=0.9, interpolation="bicubic")
+                                      crop_fraction=0.9, interpolation="bicubic", crop_offset="round")
     assert file.preprocessing_source.endswith("config.json")
     (folder / "preprocessor_config.json").write_text(json.dumps(PROCESSORS["google/siglip-base-patch16-224"][0]))
     assert read_checkpoint(folder).preprocessing["crop_fraction"] == 1.0  # transformers' processor, not timm's 0.9
@@ -94,7 +95,7 @@ def test_no_declared_preprocessing_keeps_the_original_normalization(tmp_path):
     model = build(save_pretrained(tmp_path / "bare"))
     assert read_checkpoint(tmp_path / "bare").preprocessing is None
     assert model.vit_config.input_fields == dict(image_mean=(0.5,) * 3, image_std=(0.5,) * 3, resize_mode="squash",
-                                                 crop_fraction=1.0, interpolation="bilinear")
+                                                 crop_fraction=1.0, interpolation="bilinear", crop_offset="floor")
     layer = model.get_layer("preprocessing")
     assert (layer.scale, layer.offset) == (1 / 127.5, -1.0)  # the original's x / 127.5 - 1, as before
 
@@ -218,6 +219,21 @@ def test_fit_to_model_matches_pils_resize_and_crop(case):
     assert np.corrcoef(fitted.ravel(), expected.ravel())[0, 1] > 0.999
 
 
+def test_crop_offsets_follow_transformers_and_torchvision():
+    wide = np.arange(5 * 8, dtype="float32").reshape(1, 5, 8, 1).repeat(3, -1)  # a margin of 3: 1.5 each side
+    for offset, left in (("floor", 1), ("round", 2)):  # (8 - 5) // 2 as transformers; round(1.5) as torchvision
+        out = image_io.fit_to_model(wide, (5, 5), resize_mode="shortest_edge", crop_offset=offset).numpy()
+        np.testing.assert_array_equal(out[0, :, :, 0], wide[0, :, left:left + 5, 0])
+
+
+def test_jpeg_decodes_as_pil_decodes_it():
+    photo = photograph()
+    for quality, crop in ((95, photo), (75, photo[:301, 17:400]), (50, photo[100:, :333])):
+        data = tf.io.encode_jpeg(np.ascontiguousarray(crop), quality=quality).numpy()
+        np.testing.assert_array_equal(image_io.decode_rgb(tf.constant(data)).numpy(),
+                                      np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+
+
 def test_fit_to_model_passes_an_image_at_the_model_size_unchanged():
     image = np.random.default_rng(0).uniform(0, 255, (1, 32, 32, 3)).astype("float32")
     for fields in (dict(), dict(interpolation="bicubic"), dict(resize_mode="shortest_edge", interpolation="bicubic")):
@@ -242,7 +258,7 @@ def test_saved_model_bytes_signature_serves_the_checkpoints_transform(tmp_path):
     assert metadata["preprocessing"]["image_mean"] == IMAGENET_MEAN
     image = photograph()[:200, :300]
     jpeg = tf.io.encode_jpeg(image, quality=95).numpy()
-    decoded = tf.io.decode_jpeg(jpeg).numpy()
+    decoded = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))  # PIL's decode, as transformers reads files
     outputs = TF1Server(path).predict("serving_bytes", {"image_bytes": np.array([jpeg])})
     # The Keras model on PIL's shortest-edge-36 bicubic resize and centre crop of the same decoded pixels.
     expected = np.asarray(model(pil_transform(decoded, 32, short_side=36)[None].astype("float32")))

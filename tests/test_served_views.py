@@ -80,8 +80,8 @@ def jpegs(count=2):
 
 
 def fitted(encoded, fields):
-    transform = {name: fields[name] for name in ("resize_mode", "crop_fraction", "interpolation")}
-    return np.concatenate([image_io.fit_to_model(tf.io.decode_jpeg(data)[None], (32, 32), **transform).numpy()
+    transform = {name: fields[name] for name in ("resize_mode", "crop_fraction", "interpolation", "crop_offset")}
+    return np.concatenate([image_io.fit_to_model(image_io.decode_rgb(data)[None], (32, 32), **transform).numpy()
                            for data in encoded])
 
 

@@ -10,8 +10,9 @@ The rule, where both are present: `preprocessor_config.json` wins (it is the pro
 weights; for CLIP and SigLIP the two disagree, timm cropping at 0.9 where transformers does not crop). Either is
 turned into the `ViTConfig` input fields: `image_mean`, `image_std` (on [0, 1] pixels), `resize_mode`
 (`"squash"`: both sides to the resize size; `"shortest_edge"`: the short side, keeping the aspect ratio),
-`crop_fraction` (centre crop / resize size, timm's `crop_pct`; 1 = no crop) and `interpolation`. The resize
-size follows from the model's input size: `floor(size / crop_fraction)`, as timm does, so a model built at
+`crop_fraction` (centre crop / resize size, timm's `crop_pct`; 1 = no crop), `interpolation` and `crop_offset`
+(the crop's top-left corner: `"floor"`, `(resized - size) // 2` as transformers' `center_crop`; `"round"`, rounded
+half to even as torchvision's `CenterCrop`, which timm uses). The resize size follows from the model's input size: `floor(size / crop_fraction)`, as timm does, so a model built at
 another size keeps the checkpoint's proportions.
 """
 
@@ -94,6 +95,7 @@ def from_processor_config(config: dict, origin: str) -> dict[str, Any]:
     mode, resize = _size(config.get("size", 224), PROCESSOR_TYPES[kind_name], "size", origin)
     fields["resize_mode"] = mode
     fields["crop_fraction"] = 1.0
+    fields["crop_offset"] = "floor"
     if config.get("do_center_crop", False) and config.get("crop_size") is not None:
         _, crop = _size(config["crop_size"], True, "crop_size", origin)
         if crop[0] != crop[1] or (mode == "squash" and resize[0] != resize[1]):
@@ -134,7 +136,7 @@ def from_timm_config(config: dict, origin: str) -> dict[str, Any]:
     return {"image_mean": _channels(config.get("mean"), "mean", origin),
             "image_std": _channels(config.get("std"), "std", origin),
             "resize_mode": TIMM_CROP_MODES[crop_mode], "crop_fraction": float(crop_pct),
-            "interpolation": TIMM_INTERPOLATION[interpolation]}
+            "interpolation": TIMM_INTERPOLATION[interpolation], "crop_offset": "round"}
 
 
 def _channels(values, key: str, origin: str) -> tuple[float, float, float]:
