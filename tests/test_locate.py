@@ -107,3 +107,13 @@ def test_directories_without_one_weights_file_are_clear(tmp_path):
     (sharded / "model.safetensors.index.json").write_text("{}")
     with pytest.raises(ValueError, match="holds a sharded checkpoint"):
         build(str(sharded))
+
+
+def test_a_config_json_that_contradicts_the_weights_is_an_error(tmp_path):
+    folder = save_pretrained(tmp_path / "vit", config={**HF_CONFIG, "hidden_size": 64, "num_hidden_layers": 2})
+    with pytest.raises(ValueError, match=r"contradicts its weights: it says hidden_dim=64, the weights' shapes have "
+                                         r"hidden_dim=48"):
+        build(str(folder))
+    matching = save_pretrained(tmp_path / "ok", config={**HF_CONFIG, "hidden_size": 48, "intermediate_size": 96,
+                                                        "num_hidden_layers": 2, "patch_size": 8})
+    assert build(str(matching)).vit_config.hidden_dim == 48

@@ -139,4 +139,22 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
     layout = torch_layout.detect_layout(shapes)
     torch_layout.check_supported(shapes, layout, origin=path)
     hf_config = torch_layout.read_hf_config(path) if layout in torch_layout.HF_LAYOUTS else None
-    return CheckpointFile(path, layout, torch_layout.npz_shapes(shapes, layout), header, hf_config, declared, source)
+    file = CheckpointFile(path, layout, torch_layout.npz_shapes(shapes, layout), header, hf_config, declared, source)
+    _check_config_matches_weights(file)
+    return file
+
+
+def _check_config_matches_weights(file: CheckpointFile) -> None:
+    """Raises ValueError where the config.json beside a file describes another architecture than its weights."""
+    declared_fields = {field: (file.hf_config or {}).get(field) for field in torch_layout.HF_ARCHITECTURE.values()}
+    if not any(value is not None for value in declared_fields.values()):
+        return
+    try:
+        found = read_architecture(file.shapes, num_heads=1)
+    except ValueError:
+        return  # keys that do not make a ViT: the loader names every problem
+    for field, declared in declared_fields.items():
+        if declared is not None and declared != found[field]:
+            raise ValueError(f"The config.json beside {file.path!r} contradicts its weights: it says {field}="
+                             f"{declared}, the weights' shapes have {field}={found[field]}. Keep the config.json "
+                             "saved with these weights (save_pretrained writes both), or remove it.")

@@ -121,11 +121,17 @@ def check_supported(shapes: dict[str, tuple[int, ...]], layout: str, origin: str
                          "Face's ViT, DeiT, DINOv2, CLIP and SigLIP vision models; nothing was loaded.")
 
 
+# config.json keys that describe what the weights' shapes also say; a contradiction is an error (reader).
+HF_ARCHITECTURE = {"hidden_size": "hidden_dim", "intermediate_size": "mlp_dim", "num_hidden_layers": "num_layers",
+                   "patch_size": "patch_size"}
+
+
 def read_hf_config(path: str) -> dict | None:
     """The numerics and number of heads of the Hugging Face `config.json` beside a weights file, or None.
 
-    Returns `layer_norm_epsilon`, `activation`, `gelu_approximate` and `num_heads` for the keys the file sets
-    (a `CLIPModel` / `SiglipModel` config: those of its `vision_config`).
+    Returns `layer_norm_epsilon`, `activation`, `gelu_approximate`, `num_heads` and the architecture fields of
+    `HF_ARCHITECTURE` for the keys the file sets (a `CLIPModel` / `SiglipModel` config: those of its
+    `vision_config`).
 
     Raises:
         ValueError: an unreadable file, or a `hidden_act` keras_vit does not implement.
@@ -149,6 +155,7 @@ def read_hf_config(path: str) -> dict | None:
         found.update(HIDDEN_ACTIVATIONS[config["hidden_act"]])
     if "num_attention_heads" in config:
         found["num_heads"] = int(config["num_attention_heads"])
+    found.update({field: int(config[key]) for key, field in HF_ARCHITECTURE.items() if isinstance(config.get(key), int)})
     return found
 
 
