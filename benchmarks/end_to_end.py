@@ -2,6 +2,7 @@
 keras_vit's SavedModel, which reads the preprocessing from the files beside the weights.
 
     python -m benchmarks.end_to_end [--out DIR]
+    python -m benchmarks.end_to_end --resampled
 
 Needs torch, transformers and timm; not part of the test suite. Per family (CLIP with its projection, SigLIP,
 DINOv2, a timm ViT): the PyTorch model with random, perturbed weights (`benchmarks.parity`), saved with its
@@ -24,6 +25,7 @@ pixels (isolating the model from the resize, which PIL computes in 8 bits and Te
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import math
@@ -162,15 +164,58 @@ def compare(name: str, out_dir: str) -> dict:
             "same pixels: max |diff| / max |value|": float(np.abs(same_pixels - expected).max()) / scale}
 
 
+RESAMPLED = {
+    # name: (parity case overrides, size stored, size built)
+    "DINOv2 S/14 (Dinov2Model) stored at 518, run at 224": ("hf_dinov2", dict(image_size=518), 224),
+    "DeiT S/16 (timm deit_small_patch16_224) stored at 224, run at 384": ("deit_small_patch16_224", {}, 384),
+}
+
+
+def compare_resampled(name: str, out_dir: str) -> dict:
+    """Max |difference| of a model built at another size than its file's position table from the PyTorch model run
+    at that size (transformers interpolates its table in the forward pass; timm's `set_input_size` resamples it as
+    its loader does), on [-1, 1] images."""
+    import torch
+
+    import keras_vit
+
+    case_name, overrides, size = RESAMPLED[name]
+    base = parity.CASES.get(case_name) or parity.Case("timm", case_name, build=dict(num_heads=6))
+    case = dataclasses.replace(base, kwargs={**base.kwargs, **overrides})
+    model, path = parity.torch_model(case, out_dir)
+    if case.source == "timm":
+        model.set_input_size(img_size=size)  # timm's resample_abs_pos_embed (bicubic, antialiased)
+    images = np.random.default_rng(5).uniform(-1, 1, (2, size, size, 3)).astype("float32")
+    with torch.no_grad():
+        pixels = torch.from_numpy(images.transpose(0, 3, 1, 2))
+        out = model(pixels) if case.source == "timm" else model(pixel_values=pixels).pooler_output
+    expected = out.numpy()
+    from keras_vit.checkpoints.reader import read_checkpoint
+
+    file = read_checkpoint(path)
+    architecture = file.architecture(num_heads=1)
+    pooling = None if case.head else {"map": "map", "gap": "avg"}.get(architecture["classifier"], "token")
+    ours = keras_vit.VisionTransformer(weights=file, input_shape=(size, size, 3), include_preprocessing=False,
+                                       include_top=case.head, classes=architecture["classes"] or 1000,
+                                       pooling=pooling, classifier_activation=None, **case.build)
+    output = np.asarray(ours(images))
+    return {"stored grid": architecture["image_size"] // architecture["patch_size"],
+            "built grid": size // architecture["patch_size"], "output": "logits" if case.head else "embedding",
+            "max |value|": float(np.abs(expected).max()), "max |diff|": float(np.abs(output - expected).max())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--out", help="folder for the saved models and exports (default: a temp folder)")
+    parser.add_argument("--resampled", action="store_true",
+                        help="instead: models built at another size than their file's position table (DINOv2 518 -> "
+                             "224, DeiT 224 -> 384) against the PyTorch models at that size")
     args = parser.parse_args()
     import_torch_side()
     with tempfile.TemporaryDirectory() as temporary:
-        for name in args.families:
-            results = compare(name, args.out or temporary)
+        for name in (RESAMPLED if args.resampled else args.families):
+            results = (compare_resampled if args.resampled else compare)(name, args.out or temporary)
             print(name + ": " + "; ".join(f"{key} {value:.6g}" if isinstance(value, float) else f"{key} {value}"
                                           for key, value in results.items()), flush=True)
 
