@@ -17,16 +17,19 @@ VERSION = re.search(r'__version__ = "([^"]+)"', Path(__file__).with_name("keras_
     "_version.py").read_text(encoding="utf-8")).group(1)
 TENSORFLOW = "tensorflow>=2.19,<3"
 EXTRAS = {
-    # Training and export run on TensorFlow (tf.distribute, tf.data, SavedModel, TFLite).
+    # Training and export run on TensorFlow (tf.distribute, tf.data, SavedModel, TFLite), which their extras do
+    # not declare: the distribution is `tensorflow`, `tensorflow-cpu` (JAX TPU images) or `tensorflow-tpu` (TPU
+    # VMs), and declaring one would install it over another. The commands check `import tensorflow` and its
+    # version instead (keras_vit.cli.require); this extra, and `all`, install it where there is none.
     "tensorflow": [TENSORFLOW],
     # Training: input pipelines (TFDS; importlib-resources is an undeclared need of tfds 4.9), absl flags,
     # the embedded digits dataset shipped inside scikit-learn, and TensorBoard, which the TensorBoard callback
     # of every run needs for tf.summary (TensorFlow stopped depending on it in 2.20).
-    "training": [TENSORFLOW, "tensorflow-datasets>=4.9.4,<5", "importlib-resources>=6", "absl-py>=2.1",
-                 "scikit-learn>=1.5", "tensorboard>=2.19,<3"],
+    "training": ["tensorflow-datasets>=4.9.4,<5", "importlib-resources>=6", "absl-py>=2.1", "scikit-learn>=1.5",
+                 "tensorboard>=2.19,<3"],
     # Export: the LiteRT interpreter (tf.lite.Interpreter is deprecated) and the embedded calibration images.
     # TF Serving's warmup requests are written without tensorflow-serving-api, which pins its own TensorFlow.
-    "export": [TENSORFLOW, "ai-edge-litert>=2.0,<3", "scikit-learn>=1.5"],
+    "export": ["ai-edge-litert>=2.0,<3", "scikit-learn>=1.5"],
     # Inspection plots and image files.
     "inspect": ["matplotlib>=3.8", "pillow>=10"],
     # Tests: SciPy and safetensors write the reference data; TF Serving's protos read the warmup requests;

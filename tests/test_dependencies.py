@@ -4,8 +4,8 @@ which extra to install when it is missing.
 `setup.py` is the one source of the declarations: it is executed here with `setuptools.setup` captured.
 Import names map to distributions through `IMPORT_NAMES`, a table, not through what happens to be installed,
 so the verdict is the same on every machine (a user's venv from the README has no PyTorch, CI's torch venv has).
-The fresh-environment runs of `.ci/packaging` (base install; `[training,export]` on the newest TensorFlow)
-check the same from the outside.
+The fresh-environment runs of `.ci/packaging` (base install; `[training,export,tensorflow]` on the newest
+TensorFlow; `[training,export]` beside an installed tensorflow-cpu) check the same from the outside.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from unittest import mock
 
 import pytest
 import setuptools
+
+from keras_vit import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -53,7 +55,9 @@ SETUP = _setup_arguments()
 BASE = _names(SETUP["install_requires"])
 EXTRAS = {extra: _names(reqs) for extra, reqs in SETUP["extras_require"].items()}
 # The distribution that provides each top-level import name the package uses. A new import name fails the
-# checks below until it is added here, with the distribution that setup.py declares for it.
+# checks below until it is added here, with the distribution that setup.py declares for it. `tensorflow` is
+# declared by the `tensorflow` extra only: `training` and `export` run on it without declaring it, so that they
+# keep the one an image has (tensorflow-cpu, tensorflow-tpu), and their commands check it by import.
 IMPORT_NAMES = {
     "absl": "absl-py", "ai_edge_litert": "ai-edge-litert", "jax": "jax", "keras": "keras",
     "matplotlib": "matplotlib", "numpy": "numpy", "PIL": "pillow", "sklearn": "scikit-learn",
@@ -115,9 +119,14 @@ def _command_extra(path: pathlib.Path) -> str | None:
     return match.group(1)
 
 
+def _declared_for(extra: str) -> set[str]:
+    """What an extra's code may use: its distributions, and TensorFlow for the extras that check it by import."""
+    return BASE | EXTRAS[extra] | (EXTRAS["tensorflow"] if extra in cli.TENSORFLOW_EXTRAS else set())
+
+
 @pytest.mark.parametrize("folder, extra", [("training", "training"), ("export", "export")])
 def test_subpackage_uses_only_what_its_extra_declares(folder, extra):
-    declared = BASE | EXTRAS[extra]
+    declared = _declared_for(extra)
     for path in _files(folder):
         module_level, in_functions = _imports(path)
         used = _distributions(module_level | in_functions, path.name) | _calls(path)
@@ -148,7 +157,7 @@ def test_each_command_imports_its_extra_only_after_requiring_it():
         top = _distributions(module_level, path.name)
         assert top <= BASE, f"{command}: {path.name} imports {sorted(top - BASE)} before --help can run"
         extra = _command_extra(path)
-        declared = BASE | (EXTRAS[extra] if extra else set()) | EXTRAS["tensorflow"]
+        declared = (_declared_for(extra) if extra else BASE) | EXTRAS["tensorflow"]
         lazy = _distributions(in_functions, path.name)
         assert lazy <= declared, f"{command} imports {sorted(lazy - declared)}, not in keras_vit[{extra}]"
 
@@ -247,6 +256,86 @@ def test_train_without_tensorboard_says_which_extra_to_install(monkeypatch):
     with pytest.raises(SystemExit, match=r'^keras-vit-train needs keras_vit\[training\].*missing: tensorboard.*'
                                          r'pip install "keras_vit\[training\]"$'):
         cli.require("keras-vit-train", "training")
+
+
+# ---------------------------------------------------------------------------------------
+# TensorFlow: any distribution that provides `import tensorflow` (tensorflow, tensorflow-cpu, tensorflow-tpu)
+# ---------------------------------------------------------------------------------------
+
+def test_tensorflow_is_declared_only_by_its_extra_and_all():
+    """`training` and `export` install beside whichever TensorFlow is there; `[tensorflow]` and `[all]` (the
+    README's set-up command) install one; the range cli.require checks is the extra's."""
+    tensorflows = {_normalize(name) for name in cli.TENSORFLOW_DISTRIBUTIONS}
+    for extra, names in EXTRAS.items():
+        if extra not in ("tensorflow", "all", "test"):  # test: tensorflow-serving-api, which needs `tensorflow`
+            assert not names & tensorflows, f"keras_vit[{extra}] declares {sorted(names & tensorflows)}"
+    assert SETUP["extras_require"]["tensorflow"] == ["tensorflow>=2.19,<3"]
+    assert "tensorflow>=2.19,<3" in SETUP["extras_require"]["all"]
+    assert cli.TENSORFLOW_RANGE == ((2, 19), (3, 0))
+    assert set(cli.TENSORFLOW_EXTRAS) == {"training", "export"}
+
+
+def _installed_as_setup_declares(monkeypatch, absent: set[str]) -> None:
+    """keras_vit's metadata as setup.py declares it now, with the distributions `absent` not installed."""
+    requirements = [*SETUP["install_requires"]] + [
+        f'{req}; extra == "{extra}"' for extra, reqs in SETUP["extras_require"].items() for req in reqs]
+    real_requires, real_distribution = importlib.metadata.requires, importlib.metadata.distribution
+
+    def requires(name):
+        return requirements if _normalize(name) == "keras-vit" else real_requires(name)
+
+    def distribution(name):
+        if _normalize(name) in absent:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_distribution(name)
+
+    monkeypatch.setattr(importlib.metadata, "requires", requires)
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+
+
+@pytest.mark.parametrize("command, extra", [("keras-vit-train", "training"), ("keras-vit-export", "export")])
+def test_tensorflow_is_checked_by_import_not_by_distribution_name(command, extra, monkeypatch):
+    """As on a JAX TPU image: `import tensorflow` works, and the distribution `tensorflow` is not installed."""
+    pytest.importorskip("tensorflow")
+    _installed_as_setup_declares(monkeypatch, absent={"tensorflow"})
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.distribution("tensorflow")
+    assert cli.missing_distributions(extra) == []
+    cli.require(command, extra)  # does not exit
+
+
+@pytest.mark.parametrize("command, extra", [("keras-vit-train", "training"), ("keras-vit-export", "export")])
+def test_command_without_tensorflow_says_in_one_line_what_to_install(command, extra, monkeypatch):
+    _installed_as_setup_declares(monkeypatch, absent=set())
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # `import tensorflow` fails as where none is installed
+    with pytest.raises(SystemExit) as done:
+        cli.require(command, extra)
+    assert done.value.code == (f"{command} needs TensorFlow (tensorflow, tensorflow-cpu or tensorflow-tpu >= 2.19), "
+                               f'which is not installed: pip install "keras_vit[{extra},tensorflow]"')
+
+
+def test_without_tensorflow_or_the_extra_one_line_names_both(monkeypatch):
+    _installed_as_setup_declares(monkeypatch, absent={"tensorflow-datasets", "tensorboard"})
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    with pytest.raises(SystemExit) as done:
+        cli.require("keras-vit-train", "training")
+    assert done.value.code == (
+        "keras-vit-train needs TensorFlow (tensorflow, tensorflow-cpu or tensorflow-tpu >= 2.19) and "
+        "keras_vit[training], which are not installed (missing: tensorflow-datasets, tensorboard): "
+        'pip install "keras_vit[training,tensorflow]"')
+
+
+def test_tensorflow_out_of_range_is_upgraded_where_it_is_installed(monkeypatch):
+    """An old tensorflow-tpu is upgraded as tensorflow-tpu: installing `tensorflow` would add a second one."""
+    import types
+    _installed_as_setup_declares(monkeypatch, absent={"tensorflow"})
+    monkeypatch.setitem(sys.modules, "tensorflow", types.SimpleNamespace(__version__="2.15.1"))
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {"tensorflow": ["tensorflow-tpu"]})
+    with pytest.raises(SystemExit) as done:
+        cli.require("keras-vit-train", "training")
+    assert done.value.code == ("keras-vit-train needs TensorFlow (tensorflow, tensorflow-cpu or tensorflow-tpu "
+                               ">= 2.19), and tensorflow-tpu 2.15.1 is installed: "
+                               'pip install -U "tensorflow-tpu>=2.19,<3"')
 
 
 def test_command_constants_equal_the_library_ones():

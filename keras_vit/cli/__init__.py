@@ -15,6 +15,11 @@ Each command's `--help` works on the base install (`pip install keras_vit`, no b
 nothing heavy. `main` first calls `require(command, extra)`, which ends the run with one line naming the extra
 to install when a distribution of that extra (as the installed package declares it) or a Keras backend is
 missing, instead of an ImportError traceback.
+
+TensorFlow, which the `training` and `export` extras run on, is checked by import, not by distribution name:
+those extras do not declare it (the `tensorflow` extra does), so that they install beside the TensorFlow an
+image already has, whichever distribution provides it (`tensorflow`, `tensorflow-cpu` on JAX TPU images,
+`tensorflow-tpu` on TPU VMs), instead of adding a second one over it.
 """
 
 from __future__ import annotations
@@ -43,15 +48,48 @@ def missing_distributions(extra: str) -> list[str]:
     return missing
 
 
+# The extras whose commands run on TensorFlow, which they leave to the environment (or to `[tensorflow]`).
+TENSORFLOW_EXTRAS = ("training", "export")
+# The distributions that provide `import tensorflow`, and the range of setup.py's `tensorflow` extra.
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-tpu")
+TENSORFLOW_RANGE = ((2, 19), (3, 0))
+_TENSORFLOW = "TensorFlow (tensorflow, tensorflow-cpu or tensorflow-tpu >= 2.19)"
+
+
+def tensorflow_problem() -> tuple[str, str | None] | None:
+    """None when `import tensorflow` works and its version is in range; else (what is wrong, what to run), with
+    None to run when no TensorFlow is installed (the `tensorflow` extra brings one). One out of range is upgraded
+    as the distribution that provides it, never joined by a second one."""
+    try:
+        import tensorflow as tf
+    except ImportError as error:
+        if isinstance(error, ModuleNotFoundError) and error.name == "tensorflow":
+            return "which is not installed", None
+        return f"which does not import ({(str(error).splitlines() or [''])[0]})", "reinstall it"
+    version = getattr(tf, "__version__", "")
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match and TENSORFLOW_RANGE[0] <= (int(match.group(1)), int(match.group(2))) < TENSORFLOW_RANGE[1]:
+        return None
+    provider = (importlib.metadata.packages_distributions().get("tensorflow") or ["tensorflow"])[0]
+    return f"and {provider} {version} is installed", f'pip install -U "{provider}>=2.19,<3"'
+
+
 def require(command: str, extra: str | None) -> None:
-    """Exits with one line saying what to install if `extra` or a Keras backend is missing."""
+    """Exits with one line saying what to install if `extra`, its TensorFlow, or a Keras backend is missing."""
     missing = missing_distributions(extra) if extra else []
+    problem = tensorflow_problem() if extra in TENSORFLOW_EXTRAS else None
+    if problem and problem[1] is None:
+        what = f"{_TENSORFLOW}, which is not installed"
+        if missing:
+            what = f"{_TENSORFLOW} and keras_vit[{extra}], which are not installed (missing: {', '.join(missing)})"
+        raise SystemExit(f"{command} needs {what}: pip install \"keras_vit[{extra},tensorflow]\"")
     if missing:
         raise SystemExit(f"{command} needs keras_vit[{extra}], which is not fully installed (missing: "
                          f"{', '.join(missing)}): pip install \"keras_vit[{extra}]\"")
+    if problem:
+        raise SystemExit(f"{command} needs {_TENSORFLOW}, {problem[0]}: {problem[1]}")
     try:
         import keras  # noqa: F401  (needs a backend)
     except ImportError as error:
         raise SystemExit(f"{command} needs Keras with a backend ({error}): pip install \"keras_vit[tensorflow]\" "
                          "(or JAX or PyTorch, with KERAS_BACKEND set)") from None
-
