@@ -39,22 +39,23 @@ def photos(size: tuple[int, int], count: int = 300, seed: int = 0) -> np.ndarray
     return np.stack(crops)
 
 
-def directory(path: str | os.PathLike, size: tuple[int, int]) -> np.ndarray:
-    """Every image file (jpg, png, bmp, gif) in `path`, sorted by name, decoded as RGB as the
-    serving signature decodes it; a corrupt or oversized file raises InvalidArgumentError."""
+def directory(path: str | os.PathLike, size: tuple[int, int], transform: dict | None = None) -> np.ndarray:
+    """Every image file (jpg, png, bmp, gif) in `path`, sorted by name, decoded as RGB and resized and cropped as
+    the serving signature does (`image_io.fit_to_model` with `transform`, the model's resize fields; default a
+    bilinear squash); a corrupt or oversized file raises InvalidArgumentError."""
     files = sorted(p for p in Path(path).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise ValueError(f"Expected image files ({', '.join(IMAGE_SUFFIXES)}) in {path}. Found none.")
-    return np.stack([datasets.resize(image_io.decode_rgb(tf.constant(p.read_bytes()))[None], size)[0]
-                     for p in files])
+    return np.stack([image_io.fit_to_model(image_io.decode_rgb(tf.constant(p.read_bytes()))[None], size,
+                                           **(transform or {}))[0].numpy() for p in files])
 
 
-def load(source: str | os.PathLike, size: tuple[int, int]) -> np.ndarray:
-    """Images from `source`: "digits", "photos", or a directory of image files."""
+def load(source: str | os.PathLike, size: tuple[int, int], transform: dict | None = None) -> np.ndarray:
+    """Images from `source`: "digits", "photos", or a directory of image files (fitted with `transform`)."""
     if source == "digits":
         return digits(size)
     if source == "photos":
         return photos(size)
     if os.path.isdir(source):
-        return directory(source, size)
+        return directory(source, size, transform)
     raise ValueError(f"Unknown image source {source!r}. Expected one of {DATASETS} or a directory of images.")

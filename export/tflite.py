@@ -199,7 +199,10 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
     if unknown:
         raise ValueError(f"Unknown TFLite modes {unknown}. Expected a subset of {ALL_MODES}.")
     size = model_io.image_size(model)
-    images = data.load(dataset, size) if images is None else np.asarray(images, np.float32)
+    fields = model_io.input_fields(model)
+    transform = {name: fields[name] for name in ("resize_mode", "crop_fraction", "interpolation", "crop_offset")}
+    source = "given" if images is not None else "directory" if os.path.isdir(str(dataset)) else str(dataset)
+    images = data.load(dataset, size, transform) if images is None else np.asarray(images, np.float32)
     if images.shape[1:] != (*size, 3):
         raise ValueError(f"Expected images of shape (count, {size[0]}, {size[1]}, 3). Received {images.shape}.")
     calibration, evaluation = split_images(images, calibration_count, evaluation_count)
@@ -211,6 +214,7 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
         path = convert(model, out / f"{model.name}_{mode}.tflite", mode, calibration)
         results.append(evaluate(path, mode, reference, evaluation))
     report = {"model": model.name, "input_size": list(size), "calibration_images": len(calibration),
+              "images": {"source": source, "yours": source in ("given", "directory")},
               "thresholds": {"max_abs_diff": MAX_ABS_DIFF, "min_top1_agreement": MIN_TOP1_AGREEMENT},
               "modes": results}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -234,6 +238,11 @@ def markdown_report(report: dict[str, Any]) -> str:
     predicted = first["reference_classes_predicted"]
     lines.append(f"The Keras model predicts {predicted} distinct classes on these images"
                  + ("; top-1 agreement means little here." if predicted < 2 else "."))
+    if not report.get("images", {}).get("yours", True):
+        lines.append(f"These checks ran on the embedded `{report['images']['source']}` images, not on images of your "
+                     "model's domain: they show that each file agrees with the Keras model on those images, not that "
+                     "it keeps its accuracy on yours (nor was full int8 calibrated on them). Pass --images DIR "
+                     "(your own held-out images) for that.")
     for r in report["modes"]:
         if r["mode"] == "int8" and r["float_ops"]:
             lines.append(f"Full int8 keeps these built-in ops in float32: {', '.join(r['float_ops'])}.")

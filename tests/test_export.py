@@ -281,6 +281,8 @@ def test_tflite_float32_file_matches_keras(tmp_path, images):
     model = tiny_model("plain")
     report = tflite.export_tflite(model, tmp_path, images=images, modes=("float32",), calibration_count=0)
     (result,) = report["modes"]
+    assert report["images"] == {"source": "given", "yours": True}
+    assert "embedded" not in (tmp_path / "report.md").read_text()
     assert result["non_builtin_ops"] == [] and result["images"] == len(images)
     assert result["max_abs_diff"] <= 1e-4 and result["passed"]
     interpreter = Interpreter(model_path=str(tmp_path / result["file"]))
@@ -298,6 +300,9 @@ def test_tflite_float32_file_matches_keras(tmp_path, images):
 def test_tflite_trained_model_meets_every_threshold(tmp_path):
     report = tflite.export_tflite(trained_digits_model(), tmp_path, dataset="digits")
     results = check_tflite_report(report, tmp_path)
+    assert report["images"] == {"source": "digits", "yours": False}
+    markdown = (tmp_path / "report.md").read_text()
+    assert "These checks ran on the embedded `digits` images, not on images of your model's domain" in markdown
     assert results["int8"]["reference_classes_predicted"] == 10  # Agreement is not trivial.
     assert results["int8"]["top1_agreement"] >= 0.98
     assert all(result["passed"] for result in results.values())
