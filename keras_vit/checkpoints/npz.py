@@ -17,6 +17,8 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from keras_vit.checkpoints import resample
+
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 
 
@@ -66,30 +68,18 @@ def read_npz_shapes(path: str) -> dict[str, tuple[int, ...]]:
         return shapes
 
 
-def _zoom_axis(array: np.ndarray, axis: int, size: int) -> np.ndarray:
-    """Linear resize of one axis with corner-aligned sampling (`scipy.ndimage.zoom`, order 1).
-
-    Output index o samples input coordinate o * (n_in - 1) / (n_out - 1) (0 when n_out is 1).
-    """
-    length = array.shape[axis]
-    step = (length - 1) / (size - 1) if size > 1 else 0.0
-    coordinates = np.arange(size) * step
-    low = np.clip(np.floor(coordinates).astype(int), 0, length - 1)
-    high = np.minimum(low + 1, length - 1)
-    shape = [1] * array.ndim
-    shape[axis] = size
-    fraction = (coordinates - low).reshape(shape)
-    return np.take(array, low, axis=axis) * (1.0 - fraction) + np.take(array, high, axis=axis) * fraction
+_zoom_axis = resample.zoom_axis  # the vit_jax rule under its former name (`layers.tokens` and tests refer to it)
 
 
 def resample_position_embedding(posemb: np.ndarray, new_grid: int | Sequence[int],
                                 old_grid: int | Sequence[int] | None = None,
-                                num_prefix_tokens: int = 1) -> np.ndarray:
+                                num_prefix_tokens: int = 1, method: str = resample.LINEAR_CORNERS) -> np.ndarray:
     """Resizes a (1, prefix + rows * columns, D) position embedding to another patch grid.
 
-    The original loader's method (vit_jax `interpolate_posembed`): prefix (class-token)
+    By default the original loader's method (vit_jax `interpolate_posembed`): prefix (class-token)
     rows are kept, the grid is resized with `scipy.ndimage.zoom(grid, (new_h / old_h,
-    new_w / old_w, 1), order=1)`, reimplemented here in NumPy (float64, cast back).
+    new_w / old_w, 1), order=1)`, reimplemented here in NumPy (float64, cast back). `method`
+    picks another of `resample.METHODS` (timm's and Hugging Face's bicubic resizes).
 
     Args:
         posemb: array (1, tokens, D).
@@ -97,6 +87,7 @@ def resample_position_embedding(posemb: np.ndarray, new_grid: int | Sequence[int
         old_grid: int or (int, int). Grid of `posemb`. Defaults to the square grid its
             token count implies.
         num_prefix_tokens: int. Rows before the grid (1 with a class token). Defaults to `1`.
+        method: str. One of `resample.METHODS`. Defaults to `resample.LINEAR_CORNERS`.
 
     Returns:
         Array (1, prefix + new_rows * new_columns, D) of `posemb`'s dtype.
@@ -115,9 +106,8 @@ def resample_position_embedding(posemb: np.ndarray, new_grid: int | Sequence[int
     new_h, new_w = (new_grid, new_grid) if isinstance(new_grid, int) else tuple(new_grid)
     if old_h * old_w != len(grid):
         raise ValueError(f"`old_grid` {old_h}x{old_w} does not match the {len(grid)} grid tokens of `posemb`.")
-    resized = grid.reshape(old_h, old_w, -1).astype(np.float64)
-    resized = _zoom_axis(_zoom_axis(resized, 0, new_h), 1, new_w)
-    resized = resized.reshape(1, new_h * new_w, -1).astype(posemb.dtype)
+    resized = resample.resize_grid(grid.reshape(old_h, old_w, -1), (new_h, new_w), method)
+    resized = resized.reshape(1, new_h * new_w, -1)
     return np.concatenate([prefix, resized], axis=1)
 
 
