@@ -19,11 +19,18 @@ from typing import Sequence
 import keras
 import numpy as np
 
-from keras_vit.checkpoints import locate, npz, registry, safetensors_file, torch_layout
+from keras_vit.checkpoints import locate, npz, registry, resample, safetensors_file, torch_layout
 from keras_vit.checkpoints.reader import KERAS_WEIGHTS, CheckpointFile, missing_file, read_checkpoint
 
 _TOP_LAYERS = ("pre_logits", "head")
 _POSEMB_PATH = "posembed_input/pos_embedding"
+# How each file's source resizes its position embedding (`resample`'s docstring names the code), and the
+# warning's words for it. `.npz` (layout None): the original vit_jax loader.
+_RESAMPLING = {
+    None: (resample.LINEAR_CORNERS, "as the original loader does"),
+    torch_layout.TIMM: (resample.BICUBIC_ANTIALIAS, "bicubically with antialiasing, as timm does"),
+    **{layout: (resample.BICUBIC, "bicubically, as transformers does") for layout in torch_layout.HF_LAYOUTS},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,12 +200,13 @@ def _plan_safetensors(model: keras.Model, file: CheckpointFile) -> list[tuple[ke
     translation = torch_layout.translate(tensors, file.layout, num_heads)
     sources = torch_layout.weight_sources(file.layout, len(queries), torch_layout.hf_prefix(tensors))
     return plan_assignments(model, translation.arrays, origin=file.path, source_keys=translation.source_keys,
-                            weight_sources=sources, problems=translation.problems)
+                            weight_sources=sources, problems=translation.problems, layout=file.layout)
 
 
 def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: str = "checkpoint", *,
                      source_keys: dict[str, str] | None = None, weight_sources: dict[str, str] | None = None,
-                     problems: Sequence[str] = ()) -> list[tuple[keras.Variable, np.ndarray]]:
+                     problems: Sequence[str] = (), layout: str | None = None
+                     ) -> list[tuple[keras.Variable, np.ndarray]]:
     """Matches every checkpoint array to a model weight; assigns nothing.
 
     Backbone weights must match one-to-one (position embeddings are resampled to the
@@ -214,6 +222,8 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: 
         weight_sources: optional model weight path -> the translated file's key that would feed it,
             for messages about missing keys.
         problems: problems found before (e.g. in translation), listed with the others.
+        layout: str or None. The translated file's `torch_layout` layout, None for an `.npz` file: the
+            position embedding is resized the way that file's source does (`_RESAMPLING`).
 
     Returns:
         (variable, value) pairs to assign.
@@ -241,6 +251,7 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: 
 
     head_kept = _head_loads(variables, mapped)
     assignments, kept, resized = [], [], None
+    method, as_source = _RESAMPLING[layout]
     for path, variable in variables.items():
         layer = path.split("/")[0]
         if path not in mapped or (layer == "head" and not head_kept):
@@ -255,7 +266,7 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: 
             rows, columns = model.get_layer("posembed_input").grid_size
             resized = (f"{name(key)} resampled from {value.shape[1]} to {variable.shape[1]} tokens "
                        f"({rows}x{columns} grid)")
-            value = _resample_for(model, value, variable, name(key), problems)
+            value = _resample_for(model, value, variable, name(key), problems, method)
         if value is not None and value.shape != tuple(variable.shape):
             problems.append(f"shape mismatch for key {name(key)} -> {path!r}: expected {tuple(variable.shape)}, "
                             f"found {value.shape}")
@@ -270,7 +281,7 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: 
     if "head/kernel" in variables:
         _warn_top_changes(kept, dropped=[source_keys.get(key, key) for key, _ in mapped.values()])
     if resized:
-        warnings.warn(f"keras_vit: position embedding {resized}, as the original loader does.", stacklevel=3)
+        warnings.warn(f"keras_vit: position embedding {resized}, {as_source}.", stacklevel=3)
     return assignments
 
 
@@ -290,8 +301,10 @@ def _warn_top_changes(kept: list[str], dropped: list[str]) -> None:
         warnings.warn(f"keras_vit: checkpoint keys not used by this model: {', '.join(dropped)}.", stacklevel=3)
 
 
-def _resample_for(model: keras.Model, value: np.ndarray, variable, key: str, problems: list) -> np.ndarray | None:
-    """Position embedding resampled to the model's grid, or None (with a problem) if impossible.
+def _resample_for(model: keras.Model, value: np.ndarray, variable, key: str, problems: list,
+                  method: str) -> np.ndarray | None:
+    """Position embedding resampled to the model's grid with `method` (`resample.METHODS`), or None (with a
+    problem) if impossible.
 
     `key` is the checkpoint key as messages show it (quoted)."""
     layer = model.get_layer("posembed_input")
@@ -299,7 +312,8 @@ def _resample_for(model: keras.Model, value: np.ndarray, variable, key: str, pro
         problems.append(f"shape mismatch for key {key}: expected {tuple(variable.shape)}, found {value.shape}")
         return None
     try:
-        return npz.resample_position_embedding(value, layer.grid_size, num_prefix_tokens=layer.num_prefix_tokens)
+        return npz.resample_position_embedding(value, layer.grid_size, num_prefix_tokens=layer.num_prefix_tokens,
+                                               method=method)
     except ValueError as error:
         problems.append(f"cannot resample key {key} {value.shape} to {tuple(variable.shape)}: {error}")
         return None
