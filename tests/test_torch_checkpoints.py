@@ -17,7 +17,9 @@ from keras_vit import kernels
 from keras_vit import layers as vit_layers
 import keras_vit.convert
 from keras_vit.cli import convert
-from tests.reference import quick_gelu, torch_logits
+from keras_vit.checkpoints import resample
+from tests.reference import (TORCH_EPS, gelu_erf, quick_gelu, released_from_torch, torch_logits,
+                             vit_logits)
 from tests.testing import TINY_VIT, hf_state_dict, save_safetensors, timm_family_state_dict, timm_state_dict
 
 TI16 = dict(hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12, patch_size=16)
@@ -53,13 +55,17 @@ def test_timm_ti16_at_224_matches_the_numpy_forward(tmp_path):
 
 
 def test_hugging_face_on_a_resized_rectangular_input_matches_the_numpy_forward(tmp_path):
-    state = hf_state_dict()  # trained at 32x32: a 4x4 grid, resampled to 5x3
+    state = hf_state_dict()  # trained at 32x32: a 4x4 grid, resampled to 5x3 bicubically, as transformers does
     path = save_safetensors(state, tmp_path / "hf.safetensors")
     model = tiny(path, input_shape=(40, 24, 3), classes=10)
     assert model.get_layer("encoder_norm").epsilon == 1e-12
     assert model.get_layer("posembed_input").pos_embedding.shape == (1, 16, 48)
+    key = "vit.embeddings.position_embeddings"
+    grid = resample.resize_grid(state[key][0, 1:].reshape(4, 4, -1), (5, 3), resample.BICUBIC)  # tests/test_resample.py
+    at_size = dict(state, **{key: np.concatenate([state[key][:, :1], grid.reshape(1, 15, -1)], axis=1)})
     x = images(40, 24)
-    assert_logits_match(model(x), torch_logits(state, x, num_heads=3))
+    assert_logits_match(model(x), vit_logits(released_from_torch(at_size, num_heads=3), x, posemb_grid=(5, 3),
+                                             eps=TORCH_EPS["huggingface"], gelu=gelu_erf, pixels=False))
 
 
 def test_hugging_face_vit_model_pooler_is_pre_logits(tmp_path):
