@@ -77,6 +77,10 @@ Args:
         `classes`) bring their own (e.g. `weights="imagenet21k"`, 21843 classes).
     position_embedding: `"learned"`, `"learned_2d"`, `"sincos_2d"` or `"none"`.
         Defaults to `"learned"`.
+    position_resampling: how a model of any input size (`input_shape=(None, None, 3)`) fits its table to each
+        image's grid: `"linear_corners"` (the original's), `"bicubic"` (transformers') or `"bicubic_antialias"`
+        (timm's). Defaults to that of `weights=` a timm or Hugging Face file, else `"linear_corners"`; the
+        loader resizes a file's table to a fixed input size the same way.
     dropout_rate: float. Dropout after the position embedding, attention and in the MLP.
     attention_dropout_rate: float. Dropout on attention weights.
     drop_path_rate: float. Stochastic depth, rising linearly from 0 to this rate over the blocks.
@@ -362,7 +366,8 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
         x = vit_layers.RegisterTokens(1, position=1, name="dist_token")(x)
     any_size = None in image.shape[1:3]  # then the table is fitted to each image's grid
     position = vit_layers.PositionEmbedding(grid_size, embedded_prefix, config.position_embedding,
-                                            name="posembed_input", patch_stride=config.stride if any_size else None)
+                                            name="posembed_input", patch_stride=config.stride if any_size else None,
+                                            resampling=config.position_resampling)
     x = position(x, image) if any_size else position(x)
     if config.num_register_tokens:
         x = vit_layers.RegisterTokens(config.num_register_tokens, position=embedded_prefix, name="registers")(x)

@@ -38,6 +38,9 @@ CLASSIFIERS = ("token", "gap", "map")
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
 ACTIVATIONS = ("gelu", "quick_gelu")
 RESIZE_MODES = ("squash", "shortest_edge")
+# How a position table is resized to another grid (`keras_vit.checkpoints.resample`): the original's linear rule
+# (.npz), PyTorch's bicubic (transformers), bicubic with antialiasing (timm).
+POSITION_RESAMPLINGS = ("linear_corners", "bicubic", "bicubic_antialias")
 CROP_OFFSETS = ("floor", "round")
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest", "lanczos3")
 
@@ -66,6 +69,7 @@ class ViTConfig:
     # Tokens, pooling and head.
     classifier: str = "token"
     position_embedding: str = "learned"
+    position_resampling: str = "linear_corners"  # the checkpoint's source's: a model of any size fits it so
     representation_size: int | None = None
     # Options of the ViT family (timm's names in brackets).
     patch_bias: bool = True
@@ -108,7 +112,8 @@ class ViTConfig:
     def _check(self) -> None:
         for field, allowed in (("classifier", CLASSIFIERS), ("position_embedding", POSITION_EMBEDDINGS),
                                ("activation", ACTIVATIONS), ("resize_mode", RESIZE_MODES),
-                               ("interpolation", INTERPOLATIONS), ("crop_offset", CROP_OFFSETS)):
+                               ("interpolation", INTERPOLATIONS), ("crop_offset", CROP_OFFSETS),
+                               ("position_resampling", POSITION_RESAMPLINGS)):
             value = getattr(self, field)
             if value not in allowed:
                 hint = (" (the model's own pooling is spelled classifier='gap'; pooling='avg' is the output "

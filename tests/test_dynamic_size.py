@@ -19,7 +19,7 @@ from keras_vit import inspection as vit_inspect
 from keras_vit import layers as vit_layers
 from keras_vit import models
 from keras_vit.checkpoints import loader, npz
-from tests.testing import (TINY_HYBRID, TINY_VIT, graph_op_types, save_checkpoint, save_safetensors,
+from tests.testing import (TINY_HYBRID, TINY_VIT, graph_op_types, hf_state_dict, save_checkpoint, save_safetensors,
                            timm_family_state_dict, timm_state_dict, to_numpy, vit_checkpoint)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,20 +125,6 @@ def test_stored_grid_is_the_checkpoints_else_the_default_size():
     assert models._grid_size(ANY_SIZE, 16, None, source) == (24, 24)
 
 
-def _with_run_time_table(any_size: keras.Model, fixed: keras.Model) -> keras.Model:
-    """`fixed` with the table a model of any size fits at run time: the stored one resized by the original's
-    linear rule. (A fixed-size model from a timm or Hugging Face file loads it resized bicubically, as its source;
-    the run-time fit of a model of any size is linear for every file: not yet its source's method.)"""
-    stored = any_size.get_layer("posembed_input")
-    table = np.asarray(stored.pos_embedding)
-    target = fixed.get_layer("posembed_input")
-    if target.grid_size != stored.grid_size:
-        table = npz.resample_position_embedding(table, target.grid_size, stored.grid_size,
-                                                num_prefix_tokens=stored.num_prefix_tokens)
-    target.pos_embedding.assign(table)
-    return fixed
-
-
 def test_timm_safetensors_checkpoint(tmp_path):
     path = str(tmp_path / "timm.safetensors")
     save_safetensors(timm_state_dict(seed=9, grid=4), path)
@@ -146,8 +132,17 @@ def test_timm_safetensors_checkpoint(tmp_path):
     assert model.get_layer("posembed_input").grid_size == (4, 4)
     for size in ((32, 32), (24, 40)):
         images = _images(size)
-        fixed = _with_run_time_table(model, _build(TINY_VIT, (*size, 3), path))
-        np.testing.assert_allclose(to_numpy(model(images)), to_numpy(fixed(images)), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(to_numpy(model(images)), to_numpy(_build(TINY_VIT, (*size, 3), path)(images)),
+                                   atol=1e-5, rtol=0)
+
+
+def test_hugging_face_file_fits_its_table_bicubically_as_the_loader(tmp_path):
+    path = save_safetensors(hf_state_dict(seed=3), tmp_path / "hf.safetensors")
+    model = _build(TINY_VIT, ANY_SIZE, path, include_preprocessing=False)
+    assert model.get_layer("posembed_input").resampling == "bicubic"
+    images = _images((24, 40)) / 127.5 - 1
+    fixed = _build(TINY_VIT, (24, 40, 3), path, include_preprocessing=False)
+    np.testing.assert_allclose(to_numpy(model(images)), to_numpy(fixed(images)), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("family", [
@@ -162,8 +157,7 @@ def test_family_files_at_any_size(tmp_path, family):
     model = _build(TINY_VIT, ANY_SIZE, path, include_preprocessing=False, **family["build"])
     for size in ((32, 32), (24, 40)):
         images = _images(size) / 127.5 - 1
-        fixed = _build(TINY_VIT, (*size, 3), path, include_preprocessing=False, **family["build"])
-        expected = to_numpy(_with_run_time_table(model, fixed)(images))
+        expected = to_numpy(_build(TINY_VIT, (*size, 3), path, include_preprocessing=False, **family["build"])(images))
         np.testing.assert_allclose(to_numpy(model(images)), expected, atol=1e-5, rtol=0, err_msg=str(size))
 
 

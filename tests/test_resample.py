@@ -158,3 +158,33 @@ def test_bicubic_matches_torch_interpolate_on_random_sizes():
                                      mode="bicubic", align_corners=False, antialias=antialias)[0].permute(1, 2, 0)
             np.testing.assert_allclose(resample.resize_grid(grid, new, method), expected.numpy(), rtol=0, atol=1e-12,
                                        err_msg=f"{old} -> {new}, antialias={antialias}")
+
+
+@pytest.mark.parametrize("antialias", [False, True])
+def test_the_layers_graph_matrix_is_the_loaders(antialias):
+    """`layers.tokens.bicubic_matrix` (keras.ops, sizes known at run time) against `resample.torch_bicubic_matrix`
+    (NumPy float64, checked against torch above), down and up, including sizes given as tensors in a traced
+    function, as a model of any input size computes them."""
+    import tensorflow as tf
+
+    from keras_vit.layers import tokens
+
+    for length, size in ((37, 16), (14, 24), (7, 5), (7, 9), (4, 4), (16, 2)):
+        expected = resample.torch_bicubic_matrix(length, size, antialias)
+        eager = np.asarray(tokens.bicubic_matrix(length, size, antialias))
+        traced = tf.function(lambda n: tokens.bicubic_matrix(length, n, antialias))(tf.constant(size)).numpy()
+        np.testing.assert_allclose(eager, expected, rtol=0, atol=2e-6, err_msg=f"{length} -> {size}")
+        np.testing.assert_allclose(traced, expected, rtol=0, atol=2e-6, err_msg=f"{length} -> {size}")
+
+
+def test_position_resampling_names_agree_and_layouts_carry_theirs(tmp_path):
+    from keras_vit import variants
+    from keras_vit.checkpoints.reader import read_checkpoint
+
+    assert variants.POSITION_RESAMPLINGS == resample.METHODS
+    timm_file = read_checkpoint(save_safetensors(timm_state_dict(), tmp_path / "timm.safetensors"))
+    hf_file = read_checkpoint(save_safetensors(hf_state_dict(), tmp_path / "hf.safetensors"))
+    assert timm_file.config_fields(3)["position_resampling"] == resample.BICUBIC_ANTIALIAS
+    assert hf_file.config_fields(3)["position_resampling"] == resample.BICUBIC
+    with pytest.raises(ValueError, match="Unknown position_resampling 'cubic'"):
+        keras_vit.ViTTi16(weights=None, position_resampling="cubic")

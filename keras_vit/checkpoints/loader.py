@@ -26,10 +26,11 @@ _TOP_LAYERS = ("pre_logits", "head")
 _POSEMB_PATH = "posembed_input/pos_embedding"
 # How each file's source resizes its position embedding (`resample`'s docstring names the code), and the
 # warning's words for it. `.npz` (layout None): the original vit_jax loader.
+_AS_SOURCE = {resample.BICUBIC_ANTIALIAS: "bicubically with antialiasing, as timm does",
+              resample.BICUBIC: "bicubically, as transformers does"}
 _RESAMPLING = {
     None: (resample.LINEAR_CORNERS, "as the original loader does"),
-    torch_layout.TIMM: (resample.BICUBIC_ANTIALIAS, "bicubically with antialiasing, as timm does"),
-    **{layout: (resample.BICUBIC, "bicubically, as transformers does") for layout in torch_layout.HF_LAYOUTS},
+    **{layout: (method, _AS_SOURCE[method]) for layout, method in torch_layout.POSITION_RESAMPLING.items()},
 }
 
 

@@ -68,8 +68,10 @@ class CheckpointFile:
             return {}
         found = self.architecture(num_heads)
         architecture = {name: found[name] for name in (*variants.ARCHITECTURE, "resnet_stages")}
+        resampling = torch_layout.POSITION_RESAMPLING.get(self.layout)
         return {**self.default_numerics, **self.fixed, **architecture, "classifier": found["classifier"],
-                **found["options"], **(self.preprocessing or {})}
+                **found["options"], **(self.preprocessing or {}),
+                **({"position_resampling": resampling} if resampling else {})}
 
     def check_agrees(self, given: Mapping[str, Any]) -> None:
         """Raises ValueError where a given field contradicts the file's config.json."""

@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from keras_vit.checkpoints import npz
+from keras_vit.checkpoints import npz, resample
 
 TIMM = "timm"
 HUGGING_FACE = "huggingface"  # ViT and DeiT
@@ -45,6 +45,9 @@ HF_DINOV2 = "huggingface-dinov2"
 HF_CLIP = "huggingface-clip"
 HF_SIGLIP = "huggingface-siglip"
 HF_LAYOUTS = (HUGGING_FACE, HF_DINOV2, HF_CLIP, HF_SIGLIP)
+# How each source resizes its position table (`resample`'s docstring names the code): the loader, and the run-time
+# fit of a model of any input size (`ViTConfig.position_resampling`), use it.
+POSITION_RESAMPLING = {TIMM: resample.BICUBIC_ANTIALIAS, **{layout: resample.BICUBIC for layout in HF_LAYOUTS}}
 # The prefixes of the Hugging Face models' backbone keys (heads such as `classifier.` have none).
 _HF_PREFIXES = ("vit.", "deit.", "dinov2.", "vision_model.")
 

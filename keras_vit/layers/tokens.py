@@ -11,7 +11,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import kernels
-from keras_vit.variants import POSITION_EMBEDDINGS
+from keras_vit.variants import POSITION_EMBEDDINGS, POSITION_RESAMPLINGS
 
 POOLINGS = ("token", "avg")
 
@@ -258,6 +258,57 @@ def zoom_axis(x, axis: int, size):
     return ops.take(x, low, axis=axis) * (1.0 - fraction) + ops.take(x, high, axis=axis) * fraction
 
 
+def _keys_kernel(x, a: float):
+    """Keys' cubic convolution kernel with parameter `a`, zero beyond |x| = 2 (`checkpoints.resample`'s twin)."""
+    x = ops.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return ops.where(x <= 1, near, ops.where(x < 2, far, ops.zeros_like(x)))
+
+
+def bicubic_matrix(length: int, size, antialias: bool):
+    """The (size, length) float32 matrix of PyTorch's bicubic resize of one axis (`align_corners=False`):
+    `keras.ops` twin of `checkpoints.resample.torch_bicubic_matrix`, for a `size` that may be a scalar tensor.
+
+    Without antialias: Keys' kernel with a = -0.75 on the taps floor(s) - 1 .. floor(s) + 2 around
+    s = (o + 0.5) * length / size - 0.5, indices clamped to the border. With antialias (PIL's rule): a = -0.5,
+    stretched by max(length / size, 1), centred on (o + 0.5) * length / size, the window clipped to the input,
+    each row normalized to sum 1.
+    """
+    size_float = ops.cast(size, "float32")
+    scale = length / size_float
+    outputs = ops.cast(ops.arange(size), "float32")
+    inputs = ops.cast(ops.arange(length), "float32")
+    if not antialias:
+        source = (outputs + 0.5) * scale - 0.5
+        floor = ops.floor(source)
+        matrix = 0.0
+        for tap in (-1, 0, 1, 2):
+            weights = _keys_kernel(source - (floor + tap), -0.75)
+            columns = ops.cast(ops.clip(floor + tap, 0, length - 1), "int32")
+            matrix = matrix + ops.one_hot(columns, length) * weights[:, None]
+        return matrix
+    stretch = 1.0 / ops.maximum(scale, 1.0)
+    support = 2.0 / stretch
+    center = (outputs + 0.5) * scale
+    first = ops.maximum(ops.floor(center - support + 0.5), 0.0)  # trunc = floor where it matters (>= 0)
+    stop = ops.minimum(ops.floor(center + support + 0.5), float(length))
+    weights = _keys_kernel((inputs[None, :] - center[:, None] + 0.5) * stretch, -0.5)
+    inside = ops.logical_and(inputs[None, :] >= first[:, None], inputs[None, :] < stop[:, None])
+    weights = ops.where(inside, weights, ops.zeros_like(weights))
+    return weights / ops.sum(weights, axis=1, keepdims=True)
+
+
+def resize_axis(x, axis: int, size, method: str):
+    """`x` resized along `axis` to `size` with a `POSITION_RESAMPLINGS` method (`size` may be a scalar tensor)."""
+    if method == "linear_corners":
+        return zoom_axis(x, axis, size)
+    matrix = ops.cast(bicubic_matrix(x.shape[axis], size, method == "bicubic_antialias"), x.dtype)
+    moved = ops.moveaxis(x, axis, 0)
+    resized = ops.tensordot(matrix, moved, axes=[[1], [0]])
+    return ops.moveaxis(resized, 0, axis)
+
+
 def sincos_2d_grid(grid_size, width: int, temperature: float = 10_000.0):
     """`sincos_2d_position_embedding` in `keras.ops` (float32), for a grid whose sides may be scalar tensors."""
     rows, columns = grid_size
@@ -278,7 +329,8 @@ class PositionEmbedding(keras.layers.Layer):
     With `patch_stride`, the layer serves a model that takes images of any size: `call` is given the images
     too, and the table stored for `grid_size` is fitted to their grid (height / stride, width / stride) as
     the original loader fits a checkpoint to a new resolution (`checkpoints.npz.resample_position_embedding`):
-    `"learned"` grid rows resampled bilinearly (corner-aligned, `scipy.ndimage.zoom` order 1; prefix rows kept),
+    `"learned"` grid rows resampled by `resampling` (the original's: bilinear, corner-aligned, `scipy.ndimage.zoom`
+    order 1; timm's and transformers' files: bicubic; prefix rows kept),
     `"learned_2d"` row and column embeddings resampled the same way (the same as resampling their 2-D
     table), `"sincos_2d"` recomputed for the grid. On the stored grid the table is used as it is.
 
@@ -292,6 +344,9 @@ class PositionEmbedding(keras.layers.Layer):
             sine-cosine, zero for prefix tokens) or `"none"`. Defaults to `"learned"`.
         patch_stride: optional int or (int, int). Pixels per patch of the images given to `call` (the
             model's total stride). Defaults to `None`: the tokens are always on `grid_size`.
+        resampling: how the learned table is fitted to another grid: `"linear_corners"` (the original's),
+            `"bicubic"` (PyTorch's, as transformers) or `"bicubic_antialias"` (as timm), as the loader resizes
+            the checkpoint's table (`keras_vit.checkpoints.resample`). Defaults to `"linear_corners"`.
 
     Call arguments:
         tokens: (batch, num_prefix_tokens + rows * columns, hidden_dim).
@@ -300,10 +355,13 @@ class PositionEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, grid_size: Sequence[int], num_prefix_tokens: int = 1, kind: str = "learned",
-                 patch_stride: int | Sequence[int] | None = None, **kwargs):
+                 patch_stride: int | Sequence[int] | None = None, resampling: str = "linear_corners", **kwargs):
         super().__init__(**kwargs)
         if kind not in POSITION_EMBEDDINGS:
             raise ValueError(f"Unknown position embedding {kind!r}. Expected one of {POSITION_EMBEDDINGS}.")
+        if resampling not in POSITION_RESAMPLINGS:
+            raise ValueError(f"Unknown resampling {resampling!r}. Expected one of {POSITION_RESAMPLINGS}.")
+        self.resampling = resampling
         if num_prefix_tokens < 0:
             raise ValueError(f"`num_prefix_tokens` must be >= 0. Received: {num_prefix_tokens}")
         self.grid_size = to_pair(grid_size, "grid_size")
@@ -350,7 +408,7 @@ class PositionEmbedding(keras.layers.Layer):
                 return self.pos_embedding
             prefix = self.pos_embedding[:, :self.num_prefix_tokens]
             table = ops.reshape(self.pos_embedding[0, self.num_prefix_tokens:], (*self.grid_size, -1))
-            table = zoom_axis(zoom_axis(table, 0, rows), 1, columns)
+            table = resize_axis(resize_axis(table, 0, rows, self.resampling), 1, columns, self.resampling)
             return ops.concatenate([prefix, ops.reshape(table, (1, -1, table.shape[-1]))], axis=1)
         if self.kind == "sincos_2d":
             if stored:
@@ -359,8 +417,10 @@ class PositionEmbedding(keras.layers.Layer):
             table = sincos_2d_grid(grid, width)
             return ops.concatenate([ops.zeros((self.num_prefix_tokens, width)), table], axis=0)[None]
         if self.kind == "learned_2d":
-            row_embedding = self.row_embedding if stored else zoom_axis(self.row_embedding, 0, rows)
-            column_embedding = self.column_embedding if stored else zoom_axis(self.column_embedding, 0, columns)
+            row_embedding = self.row_embedding if stored else resize_axis(self.row_embedding, 0, rows,
+                                                                          self.resampling)
+            column_embedding = self.column_embedding if stored else resize_axis(self.column_embedding, 0, columns,
+                                                                                self.resampling)
             half = row_embedding.shape[-1]
             row = ops.broadcast_to(row_embedding[:, None, :], (rows, columns, half))
             column = ops.broadcast_to(column_embedding[None, :, :], (rows, columns, half))
@@ -386,7 +446,7 @@ class PositionEmbedding(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"grid_size": self.grid_size, "num_prefix_tokens": self.num_prefix_tokens,
-                       "kind": self.kind, "patch_stride": self.patch_stride})
+                       "kind": self.kind, "patch_stride": self.patch_stride, "resampling": self.resampling})
         return config
 
 
