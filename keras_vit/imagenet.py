@@ -18,19 +18,24 @@ from keras import ops
 CLASS_INDEX_PATH = os.path.join(os.path.dirname(__file__), "data", "imagenet_class_index.json")
 
 
-def preprocess_input(x):
-    """Maps pixels from [0, 255] to [-1, 1] (`x / 127.5 - 1`), the range of the original weights.
+def preprocess_input(x, config=None):
+    """Maps pixels from [0, 255] to the input of a model built with `include_preprocessing=False`: `x / 127.5 - 1`
+    ([-1, 1], the original weights' range), or with `config` (a model's `vit_config`) its checkpoint's
+    normalization, `(x / 255 - config.image_mean) / config.image_std` (e.g. CLIP's or DINOv2's statistics).
 
-    Use it with models built with `include_preprocessing=False`; models built with the
-    default `include_preprocessing=True` do this themselves and take raw [0, 255] pixels.
+    Models built with the default `include_preprocessing=True` do this themselves and take raw [0, 255] pixels.
 
     Args:
-        x: array or tensor of pixels in [0, 255], any shape.
+        x: array or tensor of pixels in [0, 255], channels last.
+        config: optional `keras_vit.ViTConfig` (`model.vit_config`). Defaults to `None`: mean = std = 0.5.
 
     Returns:
-        A float tensor of the same shape in [-1, 1].
+        A float32 tensor of the same shape.
     """
-    return ops.cast(x, "float32") / 127.5 - 1.0
+    if config is None:
+        return ops.cast(x, "float32") / 127.5 - 1.0
+    scale, offset = config.pixel_normalization()
+    return ops.cast(x, "float32") * ops.convert_to_tensor(scale, "float32") + ops.convert_to_tensor(offset, "float32")
 
 
 @functools.cache

@@ -139,6 +139,8 @@ def test_the_model_normalizes_with_the_checkpoints_mean_and_std(tmp_path):
     normalized = (pixels / 255.0 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
     inner = keras.Model(model.input, model.get_layer("preprocessing").output)
     np.testing.assert_allclose(np.asarray(inner(pixels)), normalized, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(keras_vit.preprocess_input(pixels, model.vit_config)), normalized,
+                               rtol=0, atol=2e-6)
     unnormalized = build(folder, include_preprocessing=False)
     np.testing.assert_allclose(np.asarray(model(pixels)), np.asarray(unnormalized(normalized.astype("float32"))),
                                rtol=0, atol=2e-5)
