@@ -282,6 +282,10 @@ def test_tflite_float32_file_matches_keras(tmp_path, images):
     report = tflite.export_tflite(model, tmp_path, images=images, modes=("float32",), calibration_count=0)
     (result,) = report["modes"]
     assert report["images"] == {"source": "given", "yours": True}
+    latency = result["latency_ms_median_by_threads"]
+    assert sorted(latency) == ["1", "2"] and all(value > 0 for value in latency.values())
+    assert latency["1"] == result["latency_ms_median"]
+    assert "| latency, 1 thread (ms) | latency, 2 threads (ms) |" in (tmp_path / "report.md").read_text()
     assert "embedded" not in (tmp_path / "report.md").read_text()
     assert result["non_builtin_ops"] == [] and result["images"] == len(images)
     assert result["max_abs_diff"] <= 1e-4 and result["passed"]
