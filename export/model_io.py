@@ -77,6 +77,11 @@ def input_fields(model: keras.Model) -> dict[str, Any]:
             if field.name in variants.INPUT_FIELDS}
 
 
+def resize_transform(fields: dict[str, Any]) -> dict[str, Any]:
+    """The resize and crop keywords of `image_io.fit_to_model` among input fields (`input_fields(model)`)."""
+    return {name: fields[name] for name in variants.RESIZE_FIELDS}
+
+
 def with_pixel_input(model: keras.Model, fields: dict[str, Any] | None = None) -> keras.Model:
     """`model` itself when it takes [0, 255] pixels; else a model that normalizes them first, with `fields`
     (default: `input_fields(model)`)."""

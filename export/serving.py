@@ -7,8 +7,8 @@ and crop to the model's size inside, as the checkpoint's own evaluation transfor
 bicubic, centre crop 224), normalize with its mean and std, and return `logits`, `probabilities`, top-k
 `classes` and `scores`, and `class_names` when the exporter was given names (a model without a head: its
 `embedding`). Optional signatures from encoded images serve more than class probabilities: `embed` (the
-pooled embedding), `features` (chosen blocks' maps) and `explain` (the attention rollout). A model built for any input size
-(`input_shape=(None, None, 3)`) is served at each image's own size on `serving_default`: no resize,
+pooled embedding), `features` (chosen blocks' maps) and `explain` (the attention rollout). A model built for
+any input size (`input_shape=(None, None, 3)`) is served at each image's own size on `serving_default`: no resize,
 height and width must be multiples of its patch stride (else INVALID_ARGUMENT); `serving_bytes`
 still resizes, to the size of its checkpoint (`model_io.image_size`), as a batch has one size.
 
@@ -37,27 +37,20 @@ DEFAULT_MAX_BATCH = 256
 
 
 def decode(image_bytes: tf.Tensor, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
-           fields: dict | None = None) -> tf.Tensor:
+           transform: dict | None = None) -> tf.Tensor:
     """A batch of encoded images -> float32 (batch, height, width, 3) in [0, 255] at `size`, each resized and
-    cropped by `fields` (`model_io.input_fields`: the checkpoint's transform; default a bilinear squash).
+    cropped by `transform` (`model_io.resize_transform`: the checkpoint's; default a bilinear squash).
 
     Empty, unsupported, corrupt, truncated or over-`max_pixels` images raise InvalidArgumentError
     for the whole request. Images are decoded one after another (`parallel_iterations=1`).
     """
-    transform = _transform(fields or {})
-
     def decode_one(data):
         # uint8 goes straight into the resize (same values as casting first, without a float32 copy).
-        return image_io.fit_to_model(image_io.decode_rgb(data, max_pixels)[tf.newaxis], size, **transform)[0]
+        return image_io.fit_to_model(image_io.decode_rgb(data, max_pixels)[tf.newaxis], size,
+                                     **(transform or {}))[0]
 
     return tf.map_fn(decode_one, image_bytes, fn_output_signature=tf.TensorSpec((*size, 3), tf.float32),
                      parallel_iterations=1)
-
-
-def _transform(fields: dict) -> dict:
-    """The resize and crop keywords of `image_io.fit_to_model` among a model's input fields."""
-    return {name: fields[name] for name in ("resize_mode", "crop_fraction", "interpolation", "crop_offset")
-            if name in fields}
 
 
 def check_batch(batch_size: tf.Tensor, max_batch: int) -> tf.Operation:
@@ -106,15 +99,13 @@ def check_signatures(signatures: Sequence[str]) -> None:
                          f"{', '.join(EXTRA_SIGNATURES)}.")
 
 
-def _extra_models(model: keras.Model, signatures: Sequence[str], feature_blocks: Sequence[int],
-                  embedding: str, l2_normalize: bool) -> dict[str, keras.Model]:
-    """Signature name -> a model of [0, 255] pixels (the checkpoint's normalization prepended) with dict outputs."""
-    fields = model_io.input_fields(model)
-    has_head = features.classifier_head(model) is not None
+def _views(model: keras.Model, names: Sequence[str], fields: dict, has_head: bool, feature_blocks: Sequence[int],
+           embedding: str, l2_normalize: bool) -> dict[str, keras.Model]:
+    """Signature name -> a model of [0, 255] pixels (normalized with `fields` first) with dict outputs."""
     views = {"embed": lambda: features.embedding_model(model, embedding, l2_normalize),
              "features": lambda: features.features_model(model, feature_blocks, output="nhwc"),
              "explain": lambda: features.explain_model(model_io.logits_model(model) if has_head else model)}
-    return {name: model_io.with_pixel_input(views[name](), fields) for name in signatures}
+    return {name: model_io.with_pixel_input(views[name](), fields) for name in names}
 
 
 def _explanation(outputs: dict[str, tf.Tensor], has_head: bool) -> dict[str, tf.Tensor]:
@@ -147,12 +138,15 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
     check_limits(max_pixels, max_batch)
     check_signatures(signatures)
     fields = model_io.input_fields(model)
+    transform = model_io.resize_transform(fields)
     size, stride = model_io.image_size(model), model_io.patch_stride(model)
     if "explain" in signatures and stride:
         raise ValueError("The explain signature needs a model of a fixed input size (its rollout map has the "
                          "model's size): export a model built at one size, without --any-size.")
     has_head = features.classifier_head(model) is not None
-    extra = _extra_models(model, signatures, feature_blocks, embedding, l2_normalize)
+    # A tower without a head serves its embedding on serving_default and serving_bytes: the `embed` view.
+    views = _views(model, {*signatures, *(() if has_head else ("embed",))}, fields, has_head, feature_blocks,
+                   embedding, l2_normalize)
     if has_head:
         pixel_logits = model_io.pixel_logits_model(model)
         num_classes = int(pixel_logits.output_shape[-1])
@@ -167,8 +161,7 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
             raise ValueError(f"class_names need a classifier, but model {model.name!r} has no classification head "
                              "(it serves its embedding). Build it with include_top=True, or make a zero-shot "
                              "classifier: keras_vit.features.zero_shot_classifier(model, class_embeddings).")
-        pixel_embedding = model_io.with_pixel_input(features.embedding_model(model, embedding, l2_normalize),
-                                                    fields)
+        pixel_embedding = views["embed"]
 
     def predict(images: tf.Tensor) -> dict[str, tf.Tensor]:
         if not has_head:
@@ -179,11 +172,11 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
         checks = [check_images(images, max_pixels, max_batch)] + ([check_stride(images, stride)] if stride else [])
         with tf.control_dependencies(checks):
             images = tf.identity(images)
-            return predict(images if stride else image_io.fit_to_model(images, size, **_transform(fields)))
+            return predict(images if stride else image_io.fit_to_model(images, size, **transform))
 
     def serve_bytes(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
         with tf.control_dependencies([check_batch(tf.size(image_bytes), max_batch)]):
-            return predict(decode(tf.identity(image_bytes), size, max_pixels, fields))
+            return predict(decode(tf.identity(image_bytes), size, max_pixels, transform))
 
     archive = keras.export.ExportArchive()
     archive.track(pixel_logits if has_head else pixel_embedding)
@@ -191,19 +184,19 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
                          input_signature=[tf.TensorSpec((None, None, None, 3), tf.float32, IMAGES_KEY)])
     bytes_spec = [tf.TensorSpec((None,), tf.string, BYTES_KEY)]
     archive.add_endpoint(BYTES_SIGNATURE, serve_bytes, input_signature=bytes_spec)
-    for name, view in extra.items():
-        archive.track(view)
+    for name in signatures:
+        archive.track(views[name])
         finish = (lambda outputs: _explanation(outputs, has_head)) if name == "explain" else dict
-        archive.add_endpoint(name, _bytes_endpoint(view, finish, size, fields, max_pixels, max_batch),
+        archive.add_endpoint(name, _bytes_endpoint(views[name], finish, size, transform, max_pixels, max_batch),
                              input_signature=bytes_spec)
     return archive
 
 
-def _bytes_endpoint(view: keras.Model, finish, size: tuple[int, int], fields: dict, max_pixels: int,
+def _bytes_endpoint(view: keras.Model, finish, size: tuple[int, int], transform: dict, max_pixels: int,
                     max_batch: int):
     """An endpoint function: encoded images -> `finish(view(images))`, bounded as `serving_bytes`."""
     def serve(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
         with tf.control_dependencies([check_batch(tf.size(image_bytes), max_batch)]):
-            return finish(view(decode(tf.identity(image_bytes), size, max_pixels, fields), training=False))
+            return finish(view(decode(tf.identity(image_bytes), size, max_pixels, transform), training=False))
 
     return serve

@@ -161,13 +161,14 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
         outputs.append(classifier(image))
         seconds.append(time.perf_counter() - start)
     outputs = np.stack(outputs)
+    one_thread = 1000 * float(np.median(seconds))
     two_threads = median_latency_ms(path, images[:LATENCY_IMAGES], num_threads=2)
     result = {
         "mode": mode,
         "file": Path(path).name,
         "size_bytes": os.path.getsize(path),
-        "latency_ms_median": 1000 * float(np.median(seconds)),
-        "latency_ms_median_by_threads": {"1": 1000 * float(np.median(seconds)), "2": two_threads},
+        "latency_ms_median": one_thread,
+        "latency_ms_median_by_threads": {"1": one_thread, "2": two_threads},
         "max_abs_diff": float(np.abs(outputs - reference).max()),
         "mean_abs_diff": float(np.abs(outputs - reference).mean()),
         "top1_agreement": float(np.mean(outputs.argmax(-1) == reference.argmax(-1))),
@@ -219,8 +220,7 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
     if unknown:
         raise ValueError(f"Unknown TFLite modes {unknown}. Expected a subset of {ALL_MODES}.")
     size = model_io.image_size(model)
-    fields = model_io.input_fields(model)
-    transform = {name: fields[name] for name in ("resize_mode", "crop_fraction", "interpolation", "crop_offset")}
+    transform = model_io.resize_transform(model_io.input_fields(model))
     source = "given" if images is not None else "directory" if os.path.isdir(str(dataset)) else str(dataset)
     images = data.load(dataset, size, transform) if images is None else np.asarray(images, np.float32)
     if images.shape[1:] != (*size, 3):

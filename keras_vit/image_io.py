@@ -10,10 +10,10 @@ The headers are read with graph ops only, so the checks run inside exported Save
 fields for PNG (IHDR, big-endian uint32), GIF (logical screen, little-endian uint16) and BMP
 (BITMAPINFOHEADER int32, or the old uint16 BITMAPCOREHEADER).
 
-Decoded images are RGB uint8 (JPEG with the accurate integer DCT, as PIL): grayscale is repeated to three channels; alpha is dropped (the
-stored colour is kept, as PIL's `convert("RGB")` and torchvision/timm folder loaders do, so
-served and trained images agree); CMYK and YCCK JPEGs are converted to RGB by libjpeg; 16-bit
-PNGs are scaled to 8 bits; GIFs give their first frame.
+Decoded images are RGB uint8 (JPEG with the accurate integer DCT, as PIL): grayscale is repeated
+to three channels; alpha is dropped (the stored colour is kept, as PIL's `convert("RGB")` and
+torchvision/timm folder loaders do, so served and trained images agree); CMYK and YCCK JPEGs are
+converted to RGB by libjpeg; 16-bit PNGs are scaled to 8 bits; GIFs give their first frame.
 """
 
 from __future__ import annotations
@@ -124,8 +124,8 @@ def fit_to_model(images: tf.Tensor, size: tuple[int, int], *, resize_mode: str =
     `floor(size / crop_fraction)` (timm's `crop_pct` rule); `"squash"` resizes both sides to it, `"shortest_edge"`
     the short side, the long one to `int(resize * long / short)` (as transformers and torchvision). The crop takes
     the centre, its top-left offset `(resized - size) // 2` (`crop_offset="floor"`, transformers) or that halved
-    margin rounded half to even (`"round"`, torchvision, which timm uses). `interpolation` is a `tf.image.resize` method, antialiased when shrinking (as PIL, which
-    transformers and timm resize with). An image already at `size` with no crop passes unchanged.
+    margin rounded half to even (`"round"`, torchvision, which timm uses). `interpolation` is a `tf.image.resize`
+    method, antialiased when shrinking (as PIL, which transformers and timm resize with). An image already at `size` with no crop passes unchanged.
     """
     height, width = size
     if resize_mode == "squash":

@@ -197,7 +197,8 @@ class ViTConfig:
 
 
 OPTIONS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(ViTConfig))
-INPUT_FIELDS = ("image_mean", "image_std", "resize_mode", "crop_fraction", "interpolation", "crop_offset")
+RESIZE_FIELDS = ("resize_mode", "crop_fraction", "interpolation", "crop_offset")  # `image_io.fit_to_model`'s keywords
+INPUT_FIELDS = ("image_mean", "image_std", *RESIZE_FIELDS)
 
 
 def pixel_normalization(image_mean, image_std) -> tuple[float | tuple[float, ...], float | tuple[float, ...]]:

@@ -352,6 +352,7 @@ def test_command_constants_equal_the_library_ones():
     assert tflite_cli.MODES == ALL_MODES and tflite_cli.DATASETS == data.DATASETS
     assert (export_cli.DEFAULT_MAX_PIXELS, export_cli.DEFAULT_MAX_BATCH) == (serving.DEFAULT_MAX_PIXELS,
                                                                              serving.DEFAULT_MAX_BATCH)
+    assert export_cli.SIGNATURES == serving.EXTRA_SIGNATURES
     assert inspect_cli.FIGURES == inspect.FIGURES and fewshot_cli.SHOTS == fewshot.SHOTS
     assert set(train_cli.RECIPES) == set(configs.RECIPES) and train_cli.STRATEGIES == distribute.STRATEGIES
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 import keras_vit
 from keras_vit import features, image_io, inspection
 from keras_vit.cli import export as export_cli
-from keras_vit.export import saved_model
+from keras_vit.export import model_io, saved_model
 from tests.test_export import TF1Server, tiny_model
 
 PIXELS = np.random.default_rng(3).uniform(0, 255, (3, 32, 32, 3)).astype("float32")
@@ -80,7 +80,7 @@ def jpegs(count=2):
 
 
 def fitted(encoded, fields):
-    transform = {name: fields[name] for name in ("resize_mode", "crop_fraction", "interpolation", "crop_offset")}
+    transform = model_io.resize_transform(fields)
     return np.concatenate([image_io.fit_to_model(image_io.decode_rgb(data)[None], (32, 32), **transform).numpy()
                            for data in encoded])
 

@@ -12,8 +12,9 @@ turned into the `ViTConfig` input fields: `image_mean`, `image_std` (on [0, 1] p
 (`"squash"`: both sides to the resize size; `"shortest_edge"`: the short side, keeping the aspect ratio),
 `crop_fraction` (centre crop / resize size, timm's `crop_pct`; 1 = no crop), `interpolation` and `crop_offset`
 (the crop's top-left corner: `"floor"`, `(resized - size) // 2` as transformers' `center_crop`; `"round"`, rounded
-half to even as torchvision's `CenterCrop`, which timm uses). The resize size follows from the model's input size: `floor(size / crop_fraction)`, as timm does, so a model built at
-another size keeps the checkpoint's proportions.
+half to even as torchvision's `CenterCrop`, which timm uses). The resize size follows from the model's input
+size, `floor(size / crop_fraction)`, as timm does, so a model built at another size keeps the checkpoint's
+proportions.
 """
 
 from __future__ import annotations

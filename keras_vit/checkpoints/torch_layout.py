@@ -158,7 +158,8 @@ def read_hf_config(path: str) -> dict | None:
         found.update(HIDDEN_ACTIVATIONS[config["hidden_act"]])
     if "num_attention_heads" in config:
         found["num_heads"] = int(config["num_attention_heads"])
-    found.update({field: int(config[key]) for key, field in HF_ARCHITECTURE.items() if isinstance(config.get(key), int)})
+    found.update({field: int(config[key]) for key, field in HF_ARCHITECTURE.items()
+                  if isinstance(config.get(key), int)})
     return found
 
 

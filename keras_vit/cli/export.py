@@ -3,7 +3,7 @@
     keras-vit-export --model vit.keras --out /models/vit [--version N] [--overwrite]
     keras-vit-export --variant B/16 --weights vit.weights.h5 --out /models/vit
     keras-vit-export --variant B/16 --weights imagenet --any-size --out /models/vit
-    keras-vit-export --weights hf://facebook/dinov2-base --include-top=false ... --signatures embed,features
+    keras-vit-export --weights hf://facebook/dinov2-base --out /models/dinov2 --signatures embed,features
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from keras_vit.cli import common
 # they agree).
 DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_MAX_BATCH = 256
+SIGNATURES = ("embed", "features", "explain")  # serving.EXTRA_SIGNATURES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,8 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
                         help=f"most images per request (default: {DEFAULT_MAX_BATCH})")
     parser.add_argument("--any-size", action="store_true",
-                        help="build --variant / --weights for any input size (instead of --image-size): serving_default then "
-                             "takes images at their own size, multiples of the patch stride, without resizing (a "
+                        help="build --variant / --weights for any input size (instead of --image-size): "
+                             "serving_default then takes images at their own size, multiples of the patch stride, without resizing (a "
                              ".keras model built with input_shape=(None, None, 3) is exported so by itself)")
     parser.add_argument("--signatures", default="",
                         help="extra signatures from encoded images, comma-separated: embed (the pooled image "
@@ -72,9 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--any-size builds a --variant or --weights; a .keras model keeps the input shape it was built "
                      "with.")
     signatures = _names(args.signatures)
-    unknown = [name for name in signatures if name not in ("embed", "features", "explain")]
+    unknown = [name for name in signatures if name not in SIGNATURES]
     if unknown:
-        parser.error(f"--signatures: unknown signature {unknown[0]!r}; expected embed, features or explain.")
+        parser.error(f"--signatures: unknown signature {unknown[0]!r}; expected one of {', '.join(SIGNATURES)}.")
     try:
         feature_blocks = tuple(int(block) for block in _names(args.feature_blocks))
     except ValueError:
@@ -96,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           max_batch=args.max_batch, signatures=signatures,
                                           feature_blocks=feature_blocks, embedding=args.embedding,
                                           l2_normalize=args.l2_normalize)
-    print(f"Wrote SavedModel {path} (signatures: {', '.join(['serving_default', serving.BYTES_SIGNATURE, *signatures])}).")
+    names = ", ".join(["serving_default", serving.BYTES_SIGNATURE, *signatures])
+    print(f"Wrote SavedModel {path} (signatures: {names}).")
     return 0
 
 
