@@ -18,7 +18,7 @@ import keras_vit
 from keras_vit import inspection as vit_inspect
 from keras_vit import layers as vit_layers
 from keras_vit import models
-from keras_vit.checkpoints import loader, npz
+from keras_vit.checkpoints import loader, npz, resample
 from tests.testing import (TINY_HYBRID, TINY_VIT, graph_op_types, hf_state_dict, save_checkpoint, save_safetensors,
                            timm_family_state_dict, timm_state_dict, to_numpy, vit_checkpoint)
 
@@ -53,7 +53,7 @@ def any_size_model(checkpoint):
 @pytest.mark.parametrize("length, size", [(5, 1), (5, 2), (5, 5), (5, 8), (7, 3), (4, 13), (1, 6), (14, 40)])
 def test_zoom_axis_is_the_numpy_resampling(length, size):
     x = np.random.default_rng(length * size).normal(size=(length, 3, 6)).astype("float32")
-    expected = npz._zoom_axis(x.astype("float64"), 0, size)
+    expected = resample.zoom_axis(x.astype("float64"), 0, size)
     np.testing.assert_allclose(to_numpy(vit_layers.zoom_axis(x, 0, size)), expected, atol=1e-6, rtol=0)
     in_graph = tf.function(lambda table, n: vit_layers.zoom_axis(table, 0, n))  # the size as a run-time tensor
     np.testing.assert_allclose(in_graph(x, tf.constant(size)).numpy(), expected, atol=1e-6, rtol=0)
@@ -185,7 +185,7 @@ def test_learned_2d_and_sincos_2d():
         for target, source in zip(fixed.weights, model.weights):
             value = to_numpy(source)
             if target.path.endswith(("row_embedding", "column_embedding")):  # the reference resampling, NumPy
-                value = npz._zoom_axis(value.astype("float64"), 0, target.shape[0])
+                value = resample.zoom_axis(value.astype("float64"), 0, target.shape[0])
             target.assign(value)
         np.testing.assert_allclose(to_numpy(model(images)), to_numpy(fixed(images)), atol=1e-5, rtol=0, err_msg=kind)
 

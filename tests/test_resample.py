@@ -162,17 +162,17 @@ def test_bicubic_matches_torch_interpolate_on_random_sizes():
 
 @pytest.mark.parametrize("antialias", [False, True])
 def test_the_layers_graph_matrix_is_the_loaders(antialias):
-    """`layers.tokens.bicubic_matrix` (keras.ops, sizes known at run time) against `resample.torch_bicubic_matrix`
+    """`layers.position_tables.bicubic_matrix` (keras.ops, sizes known at run time) against `resample.torch_bicubic_matrix`
     (NumPy float64, checked against torch above), down and up, including sizes given as tensors in a traced
     function, as a model of any input size computes them."""
     import tensorflow as tf
 
-    from keras_vit.layers import tokens
+    from keras_vit.layers import position_tables
 
     for length, size in ((37, 16), (14, 24), (7, 5), (7, 9), (4, 4), (16, 2)):
         expected = resample.torch_bicubic_matrix(length, size, antialias)
-        eager = np.asarray(tokens.bicubic_matrix(length, size, antialias))
-        traced = tf.function(lambda n: tokens.bicubic_matrix(length, n, antialias))(tf.constant(size)).numpy()
+        eager = np.asarray(position_tables.bicubic_matrix(length, size, antialias))
+        traced = tf.function(lambda n: position_tables.bicubic_matrix(length, n, antialias))(tf.constant(size)).numpy()
         np.testing.assert_allclose(eager, expected, rtol=0, atol=2e-6, err_msg=f"{length} -> {size}")
         np.testing.assert_allclose(traced, expected, rtol=0, atol=2e-6, err_msg=f"{length} -> {size}")
 

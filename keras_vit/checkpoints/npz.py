@@ -68,7 +68,6 @@ def read_npz_shapes(path: str) -> dict[str, tuple[int, ...]]:
         return shapes
 
 
-_zoom_axis = resample.zoom_axis  # the vit_jax rule under its former name (`layers.tokens` and tests refer to it)
 
 
 def resample_position_embedding(posemb: np.ndarray, new_grid: int | Sequence[int],

@@ -31,10 +31,10 @@ from typing import Sequence
 
 import numpy as np
 
-LINEAR_CORNERS = "linear_corners"
-BICUBIC = "bicubic"
-BICUBIC_ANTIALIAS = "bicubic_antialias"
-METHODS = (LINEAR_CORNERS, BICUBIC, BICUBIC_ANTIALIAS)
+from keras_vit import variants
+
+METHODS = variants.POSITION_RESAMPLINGS  # `ViTConfig.position_resampling`'s values
+LINEAR_CORNERS, BICUBIC, BICUBIC_ANTIALIAS = METHODS
 
 
 def zoom_axis(array: np.ndarray, axis: int, size: int) -> np.ndarray:

@@ -18,9 +18,10 @@ Transformer blocks and their parts, the attention-pooling head). Every name is i
 from keras_vit.layers.encoder import (ACTIVATIONS, LAYER_NORM_EPSILON, Dense, HeadProjection, LayerNorm, LayerScale,
                                       MAPHead, MlpBlock, MultiHeadDotProductAttention, StochasticDepth,
                                       TransformerBlock, transformer_blocks)
+from keras_vit.layers.position_tables import sincos_2d_grid, sincos_2d_position_embedding, zoom_axis
 from keras_vit.layers.tokens import (POOLINGS, POSITION_EMBEDDINGS, ClassToken, PatchEncoder, Patches,
                                      PositionEmbedding, RegisterTokens, TokenPooling, extract_patches, patch_grid,
-                                     sincos_2d_grid, sincos_2d_position_embedding, to_pair, zoom_axis)
+                                     to_pair)
 
 __all__ = ["ACTIVATIONS", "LAYER_NORM_EPSILON", "POOLINGS", "POSITION_EMBEDDINGS", "ClassToken", "Dense",
            "HeadProjection", "LayerNorm", "LayerScale", "MAPHead", "MlpBlock", "MultiHeadDotProductAttention",
