@@ -130,7 +130,7 @@ def compare(name: str, out_dir: str) -> dict:
     file = read_checkpoint(folder)
     found = file.architecture(num_heads=1)
     head = case.head and embedding != "head"  # a CLIP projection is the embedding, served L2-normalized
-    pooling = None if case.head else {"map": "map", "gap": "avg"}.get(found["classifier"], "token")
+    pooling = None if case.head else file.pooling
     ours = keras_vit.VisionTransformer(weights=folder, input_shape=(SIZE, SIZE, 3), include_top=case.head,
                                        classes=found["classes"] or 1000, pooling=pooling, classifier_activation=None,
                                        **case.build)
@@ -194,7 +194,7 @@ def compare_resampled(name: str, out_dir: str) -> dict:
 
     file = read_checkpoint(path)
     architecture = file.architecture(num_heads=1)
-    pooling = None if case.head else {"map": "map", "gap": "avg"}.get(architecture["classifier"], "token")
+    pooling = None if case.head else file.pooling
     ours = keras_vit.VisionTransformer(weights=file, input_shape=(size, size, 3), include_preprocessing=False,
                                        include_top=case.head, classes=architecture["classes"] or 1000,
                                        pooling=pooling, classifier_activation=None, **case.build)

@@ -133,7 +133,7 @@ def keras_model(case: Case, path: str):
 
     file = read_checkpoint(path)  # once: the builder and the loader take it
     found = file.architecture(num_heads=1)
-    pooling = None if case.head else {"map": "map", "gap": "avg"}.get(found["classifier"], "token")
+    pooling = None if case.head else file.pooling
     return keras_vit.VisionTransformer(weights=file, input_shape=(SIZE, SIZE, 3), include_preprocessing=False,
                                        include_top=case.head, classes=found["classes"] or 1000, pooling=pooling,
                                        classifier_activation=None, **case.build)

@@ -63,7 +63,7 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
     model = models.VisionTransformer(
         variant, weights=file, num_heads=num_heads, input_shape=(*image_size, 3), classifier_activation=None,
         include_top=classes is not None, classes=classes or 1000, representation_size=found["representation_size"],
-        pooling=None if classes else {"gap": "avg"}.get(found["classifier"], found["classifier"]),
+        pooling=None if classes else file.pooling,
         include_preprocessing=takes_pixels, layer_norm_epsilon=layer_norm_epsilon,
         gelu_approximate=gelu_approximate, activation=activation)
     if output.endswith(".keras"):

@@ -44,8 +44,7 @@ def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, 
     weights = file or weights
     if pooling is None and classes is None and file is not None and file.layout is not None \
             and file.head_classes is None:  # a headless tower (DINOv2, CLIP without projection): its pooling
-        classifier = file.architecture(num_heads=1)["classifier"]
-        pooling = {"gap": "avg"}.get(classifier, classifier)
+        pooling = file.pooling
     if classes is None and pooling is None:
         size = tuple(input_shape or (224, 224, 3))[:2]
         source = checkpoint_loader.resolve(weights, variant=variant, image_size=size, include_top=False, classes=1)

@@ -116,10 +116,12 @@ Args:
     Input options (defaults: those declared beside `weights=`, else the original's):
     image_mean, image_std: 3 floats on [0, 1] pixels. Defaults to `(0.5, 0.5, 0.5)` each. A value that
         differs from the checkpoint's is used, with a one-line warning.
-    resize_mode, crop_fraction, interpolation: how the exports (`keras-vit-export`, `keras-vit-tflite`) fit an
-        image of another size: `"squash"` both sides or `"shortest_edge"` the short side to
-        `floor(size / crop_fraction)`, then a centre crop of the model's size; `"bilinear"`, `"bicubic"`,
-        `"nearest"` or `"lanczos3"` (antialiased when shrinking). Defaults to `"squash"`, `1.0`, `"bilinear"`.
+    resize_mode, crop_fraction, interpolation, crop_offset: how the exports (`keras-vit-export`,
+        `keras-vit-tflite`) fit an image of another size: `"squash"` both sides or `"shortest_edge"` the short
+        side to `floor(size / crop_fraction)`, then a centre crop of the model's size whose corner is
+        `(resized - size) // 2` (`"floor"`, transformers) or rounded (`"round"`, torchvision); `"bilinear"`,
+        `"bicubic"`, `"nearest"` or `"lanczos3"` (antialiased when shrinking). Defaults to `"squash"`, `1.0`,
+        `"bilinear"`, `"floor"`.
 
 Returns:
     A `keras_vit.ViTModel` (a functional `keras.Model`); its `vit_config` is the `ViTConfig` it was built from.

@@ -86,6 +86,13 @@ class CheckpointFile:
         return self.shapes[key][0] if key in self.shapes else None
 
     @property
+    def pooling(self) -> str:
+        """The `pooling` that returns what the file's model pools without its head: `"token"`, `"avg"` (the
+        classifier `"gap"`) or `"map"`."""
+        classifier = read_architecture(self.shapes, num_heads=1)["classifier"]
+        return {"gap": "avg"}.get(classifier, classifier)
+
+    @property
     def head_classes(self) -> int | None:
         return self.width("head/bias")
 
