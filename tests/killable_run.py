@@ -2,7 +2,8 @@
 
     python -m tests.killable_run WORKDIR KILL_AT STRATEGY [OVERRIDE ...]
 
-Trains `configs.get_config("digits")` with the overrides under `distribute.get_strategy(STRATEGY)`; the
+With Keras' KERAS_DISTRIBUTION_* variables set (KERAS_BACKEND=jax), the process first joins the run's other
+processes (`multihost.initialize`; heartbeat timeout: $HEARTBEAT_TIMEOUT_S, default 10 s). Trains `configs.get_config("digits")` with the overrides under `distribute.get_strategy(STRATEGY)`; the
 process kills itself as optimizer step KILL_AT begins, on its first run in WORKDIR only (-1: never). Prints
 `REPORT: <the run's summary as JSON>`.
 """
@@ -14,7 +15,7 @@ import sys
 
 import keras
 
-from keras_vit.training import configs, distribute, trainer
+from keras_vit.training import configs, distribute, multihost, trainer
 
 
 class KillOnce(keras.callbacks.Callback):
@@ -32,6 +33,10 @@ class KillOnce(keras.callbacks.Callback):
 
 if __name__ == "__main__":
     workdir, kill_at, strategy, *overrides = sys.argv[1:]
+    cluster = multihost.Cluster.from_flags_and_env()
+    if cluster.given:
+        multihost.initialize(cluster, join_timeout_s=60,
+                             heartbeat_timeout_s=int(os.environ.get("HEARTBEAT_TIMEOUT_S", "10")))
     marker = os.path.join(workdir, f"killed_worker_{distribute.worker_index()}")
     config = configs.apply_overrides(configs.get_config("digits"), overrides)
     summary = trainer.train_and_evaluate(config, workdir, strategy=distribute.get_strategy(strategy),

@@ -24,10 +24,11 @@ def _examples(count: int) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((images, labels)).batch(4)
 
 
-@pytest.mark.parametrize("count, batch, batches", [(10, 4, 3), (8, 4, 2), (1, 8, 1), (449, 32, 15)])
-def test_every_example_once_in_full_batches(count, batch, batches):
-    dataset = data.exact_batches(_examples(count), batch, num_examples=count)
-    assert int(dataset.cardinality()) == batches
+@pytest.mark.parametrize("count, batch, batches, known", [(10, 4, 3, True), (8, 4, 2, True), (1, 8, 1, True),
+                                                     (449, 32, 15, True), (10, 4, 3, False), (8, 4, 2, False)])
+def test_every_example_once_in_full_batches(count, batch, batches, known):
+    dataset = data.exact_batches(_examples(count), batch, num_batches=batches if known else None)
+    assert int(dataset.cardinality()) == (batches if known else tf.data.UNKNOWN_CARDINALITY)
     rows = list(dataset.as_numpy_iterator())
     assert len(rows) == batches and all(images.shape == (batch, 2) for images, _, _ in rows)
     weights = np.concatenate([w for _, _, w in rows])
@@ -35,6 +36,18 @@ def test_every_example_once_in_full_batches(count, batch, batches):
     assert weights.sum() == count and set(np.unique(weights)) <= {0.0, 1.0}
     np.testing.assert_array_equal(images[:count], np.arange(count * 2, dtype="float32").reshape(count, 2) + 1)
     assert not images[count:].any() and not weights[count:].any()
+
+
+def test_a_smaller_shard_steps_as_often_as_the_largest():
+    """A process whose shard is smaller pads to the others' batch count (else it would leave a collective
+    waiting), with batches of padding only where its examples run out."""
+    shards = [data.multihost.Shard(i, 4) for i in range(4)]
+    sizes = [shard.size(5) for shard in shards]
+    assert sizes == [2, 1, 1, 1]
+    batches = -(-max(sizes) // 1)
+    for size in sizes:
+        rows = list(data.exact_batches(_examples(size), 1, num_batches=batches).as_numpy_iterator())
+        assert len(rows) == 2 and [float(w[0]) for _, _, w in rows] == [1.0] * size + [0.0] * (2 - size)
 
 
 def test_weighted_metrics_and_loss_count_only_real_rows():

@@ -88,8 +88,8 @@ SHARDING_SCRIPT = textwrap.dedent("""
                       "model_parallel_3": lambda: distribute.get_strategy("auto", model_parallel=3),
                       "heads": lambda: distribute.check_model_parallel(
                           distribute.get_strategy("auto", model_parallel=4), {"num_heads": 2, "mlp_dim": 32}),
-                      "eval_split": lambda: distribute.check_eval_split(361, strategies["data_parallel"]),
-                      "eval_folder": lambda: distribute.check_eval_split(449, strategies["data_parallel"], "folder",
+                      "eval_split": lambda: distribute.check_eval_split([361], strategies["data_parallel"]),
+                      "eval_folder": lambda: distribute.check_eval_split([449], strategies["data_parallel"], "folder",
                                                                          "test")}.items():
         try:
             call()

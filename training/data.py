@@ -2,7 +2,8 @@
 
 Every source yields (image float32 in [0, 255], integer label). `make_datasets(config)` adds the
 paper's preprocessing (train: Inception crop + resize + random flip; eval: resize), optional
-RandAugment / MixUp, one-hot labels, batching by the global batch, per-worker sharding and prefetch.
+RandAugment / MixUp, one-hot labels, batching, per-worker (tf.distribute) or per-process (JAX) sharding and
+prefetch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import datasets, image_io
+from . import multihost
 from .configs import Config
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -26,8 +28,8 @@ AUTOTUNE = tf.data.AUTOTUNE
 class Source:
     """One split of a dataset before preprocessing."""
 
-    dataset: tf.data.Dataset  # (image uint8/float (H, W, C), int label)
-    num_examples: int | None  # None if the dataset does not say.
+    dataset: tf.data.Dataset  # (image uint8/float (H, W, C), int label): this process's shard of the split
+    num_examples: int | None  # In this process's shard; None if the dataset does not say.
     num_classes: int
     shard_policy: tf.data.experimental.AutoShardPolicy
     skipped: int = 0  # Unreadable files left out (corrupt, truncated, empty, oversized, not a file).
@@ -37,10 +39,12 @@ class Source:
 # === Sources ===
 
 
-def digits_source(split: str, test_fraction: float = datasets.TEST_FRACTION) -> Source:
+def digits_source(split: str, test_fraction: float = datasets.TEST_FRACTION,
+                  shard: multihost.Shard = multihost.Shard()) -> Source:
     """The embedded digits (`keras_vit.datasets.digits`: 8x8, RGB, [0, 255]): `"train"` (80%), `"test"`
     (20%), or `"train[:N%]"`, a stratified N% of the training split, e.g. for fine-tuning with few labels."""
     images, labels = datasets.digits(split, test_fraction=test_fraction)
+    images, labels = images[shard.index::shard.count], labels[shard.index::shard.count]
     return Source(tf.data.Dataset.from_tensor_slices((images, labels)), len(images), datasets.NUM_CLASSES,
                   tf.data.experimental.AutoShardPolicy.DATA)
 
@@ -59,10 +63,11 @@ def _decodable(path: str, max_pixels: int) -> bool:
 
 
 def folder_source(root: str, split: str, class_names: list[str] | None = None,
-                  max_pixels: int = image_io.DEFAULT_MAX_PIXELS) -> Source:
-    """Images in `root/<split>/<class>/*.jpg` (also png, bmp, gif); classes sorted by name.
+                  max_pixels: int = image_io.DEFAULT_MAX_PIXELS, shard: multihost.Shard = multihost.Shard()) -> Source:
+    """Images in `root/<split>/<class>/*.jpg` (also png, bmp, gif); classes sorted by name; of them, every
+    `shard.count`-th file from `shard.index` (in class, then file name order).
 
-    Every file is decoded once up front with the pipeline's decoder (`keras_vit.image_io`: RGB,
+    Every file of the shard is decoded once up front with the pipeline's decoder (`keras_vit.image_io`: RGB,
     alpha dropped, gray repeated, CMYK converted). Empty, corrupt, truncated and unsupported
     files, images over `max_pixels` pixels and non-regular files are skipped, counted in
     `Source.skipped` and logged. `class_names` (the training split's) fixes the label order of
@@ -87,6 +92,10 @@ def folder_source(root: str, split: str, class_names: list[str] | None = None,
         extensions = ",".join(IMAGE_EXTENSIONS)
         raise ValueError(f"Image folder {split_dir!r} has no images: expected <class>/*{{{extensions}}} in class "
                          f"subfolders, found subfolders {found}.")
+    paths, labels = paths[shard.index::shard.count], labels[shard.index::shard.count]
+    if not paths:
+        raise ValueError(f"Image folder {split_dir!r} has fewer images than the run's {shard.count} processes. "
+                         "Expected at least one image per process.")
     with futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
         readable = list(pool.map(lambda path: _decodable(path, max_pixels), paths))
     bad = [path for path, ok in zip(paths, readable) if not ok]
@@ -107,8 +116,10 @@ def folder_source(root: str, split: str, class_names: list[str] | None = None,
                   class_names)
 
 
-def tfds_source(name: str, split: str, data_dir: str | None, download: bool, shuffle_files: bool) -> Source:
-    """A TFDS dataset by name. Unknown names, and missing data with `download=False`, fail fast."""
+def tfds_source(name: str, split: str, data_dir: str | None, download: bool, shuffle_files: bool,
+                shard: multihost.Shard = multihost.Shard()) -> Source:
+    """A TFDS dataset by name; of the split, this process's part (`tfds.even_splits`), which is all that it
+    reads. Unknown names, and missing data with `download=False`, fail fast."""
     import tensorflow_datasets as tfds
 
     if name.split(":")[0].split("/")[0] not in tfds.list_builders():
@@ -117,6 +128,8 @@ def tfds_source(name: str, split: str, data_dir: str | None, download: bool, shu
     builder = tfds.builder(name, data_dir=data_dir or None)
     if download:
         builder.download_and_prepare()
+    if shard.count > 1:
+        split = tfds.even_splits(split, n=shard.count, drop_remainder=False)[shard.index]
     try:
         dataset = builder.as_dataset(split=split, shuffle_files=shuffle_files, as_supervised=True)
     except AssertionError as error:  # TFDS raises AssertionError("Dataset ... not found ...").
@@ -130,15 +143,16 @@ def tfds_source(name: str, split: str, data_dir: str | None, download: bool, shu
                   tf.data.experimental.AutoShardPolicy.AUTO)
 
 
-def get_source(config: Config, split: str, training: bool, class_names: list[str] | None = None) -> Source:
-    """The source named by `config.dataset` for `split`."""
+def get_source(config: Config, split: str, training: bool, class_names: list[str] | None = None,
+               shard: multihost.Shard = multihost.Shard()) -> Source:
+    """This process's shard of the source named by `config.dataset` for `split`."""
     if config.dataset == "digits":
-        return digits_source(split)
+        return digits_source(split, shard=shard)
     if config.dataset == "folder":
         if not config.data_dir:
             raise ValueError("dataset='folder' needs data_dir=<root with <split>/<class>/*.jpg>.")
-        return folder_source(config.data_dir, split, class_names, config.max_image_pixels)
-    return tfds_source(config.dataset, split, config.data_dir, config.download, shuffle_files=training)
+        return folder_source(config.data_dir, split, class_names, config.max_image_pixels, shard)
+    return tfds_source(config.dataset, split, config.data_dir, config.download, shuffle_files=training, shard=shard)
 
 
 # === Preprocessing ===
@@ -206,51 +220,66 @@ def _finish(dataset: tf.data.Dataset, policy) -> tf.data.Dataset:
     return dataset.with_options(options).prefetch(AUTOTUNE)
 
 
-def exact_batches(dataset: tf.data.Dataset, batch_size: int, num_examples: int | None = None) -> tf.data.Dataset:
+def exact_batches(dataset: tf.data.Dataset, batch_size: int, num_batches: int | None = None) -> tf.data.Dataset:
     """(images, labels, weights) batches of an (images, labels) dataset in which every example counts once.
 
     Every batch has `batch_size` rows, so that it splits evenly over any number of devices that divides the global
     batch (keras.distribution shards every batch evenly; tf.distribute too, then): the last, partial batch is
-    filled with zero images of weight 0, which weighted metrics leave out. No batch is padding only. (big_vision and
-    flax evaluate the same way; Keras itself neither pads nor drops a partial batch: keras#21167.) With
-    `num_examples`, the batch count is declared (Keras then knows the evaluation's steps).
+    filled with zero images of weight 0, which weighted metrics leave out. (big_vision and flax evaluate the same
+    way; Keras itself neither pads nor drops a partial batch: keras#21167.) With `num_batches`, exactly that many
+    batches, padding only where the examples run out (so that every process of a run steps as often as the
+    others); without, no batch is padding only.
     """
     examples = dataset.unbatch().map(lambda images, labels: (images, labels, tf.constant(1.0)))
-    padding = tuple(tf.zeros(spec.shape, spec.dtype) for spec in examples.element_spec)
-    padded = examples.concatenate(tf.data.Dataset.from_tensors(padding).repeat(batch_size - 1))
-    batches = padded.batch(batch_size, drop_remainder=True)
-    batches = batches.filter(lambda images, labels, weights: tf.reduce_any(weights > 0))
-    if num_examples is not None:
-        batches = batches.apply(tf.data.experimental.assert_cardinality(-(-num_examples // batch_size)))
-    return batches.prefetch(AUTOTUNE)
+    padding = tf.data.Dataset.from_tensors(tuple(tf.zeros(spec.shape, spec.dtype) for spec in examples.element_spec))
+    if num_batches is not None:
+        batches = examples.concatenate(padding.repeat()).take(num_batches * batch_size).batch(batch_size)
+        return batches.apply(tf.data.experimental.assert_cardinality(num_batches)).prefetch(AUTOTUNE)
+    batches = examples.concatenate(padding.repeat(batch_size - 1)).batch(batch_size, drop_remainder=True)
+    return batches.filter(lambda images, labels, weights: tf.reduce_any(weights > 0)).prefetch(AUTOTUNE)
 
 
 @dataclasses.dataclass
 class Datasets:
+    """This process's training and evaluation datasets, batched by its share of the global batch."""
+
     train: tf.data.Dataset  # Repeats forever: `model.fit` needs `steps_per_epoch`.
     eval: tf.data.Dataset
     num_classes: int
-    num_train_examples: int | None
-    num_eval_examples: int | None
-    skipped: int  # Unreadable files left out of both splits.
+    num_train_examples: int | None  # Of all processes.
+    num_eval_examples: int | None  # Of all processes.
+    skipped: int  # Unreadable files left out of both splits (of all processes).
+    batch_size: int  # This process's rows of each global batch.
+    eval_shard_sizes: list[int] | None = None  # Eval examples of each process; None if unknown.
+
+    @property
+    def eval_batches(self) -> int | None:
+        """The eval steps of every process: enough batches for the largest shard (None if unknown)."""
+        return None if self.eval_shard_sizes is None else -(-max(self.eval_shard_sizes) // self.batch_size)
 
 
 def make_datasets(config: Config) -> Datasets:
-    """Training and evaluation datasets batched by `config.batch_size` (the global batch)."""
-    train = get_source(config, config.train_split, training=True)
-    evaluation = get_source(config, config.eval_split, training=False, class_names=train.class_names)
+    """This process's training and evaluation datasets: its shard of each split (`multihost.shard()`; all of it
+    in a one-process run), batched by its share of `config.batch_size` (the global batch)."""
+    shard = multihost.shard()
+    batch_size = shard.per_process_batch(config.batch_size)
+    train = get_source(config, config.train_split, training=True, shard=shard)
+    evaluation = get_source(config, config.eval_split, training=False, class_names=train.class_names, shard=shard)
     train_ds = train.dataset.repeat()
     if config.shuffle_buffer > 1:
         train_ds = train_ds.shuffle(config.shuffle_buffer, seed=config.seed)
     train_ds = train_ds.map(_train_map(config, train.num_classes), num_parallel_calls=AUTOTUNE)
-    train_ds = train_ds.batch(config.batch_size, drop_remainder=True)
+    train_ds = train_ds.batch(batch_size, drop_remainder=True)
     augment = _batch_augment(config)
     if augment is not None:
         train_ds = train_ds.map(augment, num_parallel_calls=AUTOTUNE)
     eval_ds = evaluation.dataset.map(_eval_map(config, train.num_classes), num_parallel_calls=AUTOTUNE)
-    eval_ds = eval_ds.batch(config.batch_size)
-    # Evaluation is not sharded: every worker runs the same number of steps over all of it (uneven
-    # shards would leave one worker waiting in a collective), and the replica means agree.
+    eval_ds = eval_ds.batch(batch_size)
+    train_sizes = multihost.gather_counts(train.num_examples)
+    eval_sizes = multihost.gather_counts(evaluation.num_examples)
+    # tf.distribute does not shard the evaluation: every worker runs the same number of steps over all of it
+    # (uneven shards would leave one worker waiting in a collective), and the replica means agree.
     return Datasets(_finish(train_ds, train.shard_policy), _finish(eval_ds, tf.data.experimental.AutoShardPolicy.OFF),
-                    train.num_classes, train.num_examples, evaluation.num_examples,
-                    train.skipped + evaluation.skipped)
+                    train.num_classes, None if train_sizes is None else sum(train_sizes),
+                    None if eval_sizes is None else sum(eval_sizes),
+                    sum(multihost.gather_counts(train.skipped + evaluation.skipped)), batch_size, eval_sizes)

@@ -27,10 +27,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 from typing import ContextManager, Union
 
 import keras
 import tensorflow as tf
+
+from . import multihost
 
 # What a run is distributed with: tf.distribute on TensorFlow, keras.distribution (None: one device) on JAX.
 KERAS_DISTRIBUTIONS = (keras.distribution.DataParallel, keras.distribution.ModelParallel)
@@ -120,9 +123,14 @@ def _jax_distribution(name: str, tpu: str, model_parallel: int) -> Strategy:
         if model_parallel != 1:
             raise ValueError(f"model_parallel={model_parallel} needs several devices: use strategy 'auto'.")
         return None
-    devices = keras.distribution.list_devices()
+    devices = keras.distribution.list_devices()  # Of every process.
     if model_parallel == 1:
-        return keras.distribution.DataParallel(devices=devices)
+        # Each process reads its own shard of the input (training/data.py): Keras assembles the global batch.
+        return keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
+    if multihost.process_count() > 1:
+        raise ValueError(f"model_parallel={model_parallel} with {multihost.process_count()} processes: keras_vit "
+                         "saves a split model from one process only. Expected model_parallel=1 (DataParallel) in "
+                         "a multi-process run.")
     return model_parallel_distribution(devices, model_parallel)
 
 
@@ -164,8 +172,12 @@ def num_replicas(strategy: Strategy) -> int:
 
 
 def describe(strategy: Strategy) -> str:
-    """The strategy's class name, or "one device" for None (JAX without a distribution)."""
-    return "one device" if strategy is None else type(strategy).__name__
+    """The strategy's class name (with the process count of a multi-process JAX run), or "one device" for None
+    (JAX without a distribution)."""
+    if strategy is None:
+        return "one device"
+    processes = multihost.process_count() if isinstance(strategy, KERAS_DISTRIBUTIONS) else 1
+    return type(strategy).__name__ + (f" over {processes} processes" if processes > 1 else "")
 
 
 def check_global_batch(global_batch_size: int, strategy: Strategy) -> int:
@@ -177,14 +189,22 @@ def check_global_batch(global_batch_size: int, strategy: Strategy) -> int:
     return global_batch_size // replicas
 
 
-def check_eval_split(num_examples: int | None, strategy: Strategy, dataset: str = "", split: str = "") -> None:
-    """Raises if a keras.distribution cannot split the eval split's last, partial batch.
+def check_eval_split(shard_sizes: list[int] | None, strategy: Strategy, dataset: str = "", split: str = "") -> None:
+    """Raises if a keras.distribution cannot split the eval split's batches (unpadded: `exact_eval=False`).
 
-    tf.distribute evaluates uneven batches; JAX shards every batch evenly over the batch axis. With a global
-    batch that divides by the replicas, every eval batch does when the split does.
+    `shard_sizes`: the eval examples of each process (one entry in a one-process run). tf.distribute evaluates
+    uneven batches; JAX shards every batch evenly over the batch axis, and each process must step as often as
+    the others. With a global batch that divides by the replicas, every eval batch does when the split does.
     """
     replicas = num_replicas(strategy)
-    if not isinstance(strategy, KERAS_DISTRIBUTIONS) or num_examples is None or not num_examples % replicas:
+    if not isinstance(strategy, KERAS_DISTRIBUTIONS) or shard_sizes is None:
+        return
+    if len(set(shard_sizes)) > 1:
+        raise ValueError(f"The eval split falls unevenly on the {len(shard_sizes)} processes ({shard_sizes} "
+                         "examples): each process must evaluate as many batches as the others. Expected an eval "
+                         f"split whose size divides by {len(shard_sizes)} (with no unreadable files).")
+    num_examples = sum(shard_sizes)
+    if not num_examples % replicas:
         return
     extra, kept = num_examples % replicas, num_examples - num_examples % replicas
     if dataset == "folder":
@@ -243,8 +263,11 @@ def keep_tensorflow_on_cpu() -> None:
 
 
 def worker_index() -> int:
-    """This process's index among the training processes of `TF_CONFIG`: 0 for the chief (or worker 0
-    when there is no chief task), distinct for every other worker; 0 without a cluster."""
+    """This process's index: on JAX, among the run's processes (`multihost.process_index`); on TensorFlow,
+    among the training processes of `TF_CONFIG`: 0 for the chief (or worker 0 when there is no chief task),
+    distinct for every other worker. 0 in a one-process run."""
+    if keras.backend.backend() == "jax":
+        return multihost.process_index()
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     cluster = resolver.cluster_spec().as_dict()
     if not cluster or resolver.task_type == "chief":
@@ -255,6 +278,23 @@ def worker_index() -> int:
 def is_chief() -> bool:
     """True on the one process that writes the shared outputs (the only process outside multi-worker)."""
     return worker_index() == 0
+
+
+def output_dir(workdir: str) -> str:
+    """Where this process writes a run's outputs: `workdir` on the chief (process 0). Every other process
+    saves too, in step with the chief (tf.distribute's rule; on JAX each save creates variables on the devices
+    of every process, a collective step), but elsewhere: TensorFlow's workers in `workdir/worker_<i>`, JAX's
+    processes in a local scratch folder that the run deletes (`is_scratch`)."""
+    if is_chief():
+        return workdir
+    if keras.backend.backend() == "jax":
+        return tempfile.mkdtemp(prefix=f"keras_vit_process_{worker_index()}_")
+    return os.path.join(workdir, f"worker_{worker_index()}")
+
+
+def is_scratch(outdir: str, workdir: str) -> bool:
+    """True for a JAX process's scratch output folder (`output_dir`), which the run deletes at its end."""
+    return keras.backend.backend() == "jax" and outdir != workdir
 
 
 def broadcast_from_first_replica(strategy: tf.distribute.Strategy, values: list) -> list[tf.Tensor]:

@@ -4,9 +4,11 @@ last (and best) weights, TensorBoard, NaN stop and a final evaluation. The recip
 `config.recipe` in `RECIPES` (`training/recipe.py` says what a recipe provides; `supervised.py` and
 `masked.py` are the recipes).
 
-Layout of `workdir` (worker `i > 0` of a multi-worker run writes the same under `workdir/worker_<i>/`):
+Layout of `workdir` (worker `i > 0` of a tf.distribute multi-worker run writes the same under
+`workdir/worker_<i>/`; process `i > 0` of a multi-process JAX run writes its backup there and the rest to a
+scratch folder that the run deletes):
     backup/worker_<i>/     keras.callbacks.BackupAndRestore (deleted when a run completes); on restart
-                           every worker takes the chief's restored state (SyncedBackupAndRestore)
+                           every worker or process takes the chief's restored state (SyncedBackupAndRestore)
     checkpoints/last.weights.h5, checkpoints/best.weights.h5 (recipes with a best metric)
     tensorboard/           TensorBoard scalars
     history.csv            one row per epoch, appended across restarts
@@ -21,6 +23,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from typing import Sequence
 
 import keras
@@ -28,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import data as data_lib
-from . import distribute, masked, supervised
+from . import distribute, masked, multihost, supervised
 from .configs import Config
 from .recipe import Recipe, architecture, build_backbone
 
@@ -143,26 +146,31 @@ class StopOnNaN(keras.callbacks.Callback):
 
 
 class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
-    """BackupAndRestore whose restored state is the chief's on every worker of a multi-worker run.
+    """BackupAndRestore whose restored state is the chief's on every worker of a multi-worker run (tf.distribute),
+    or process 0's on every process of a multi-process JAX run.
 
-    Each worker backs up to its own folder (a shared one crashes on an HDF5 file lock). A worker
-    killed between the workers' writes of the same backup leaves the backups one save apart;
-    restored as they are, the workers would start from different weights and epochs, and their
+    Each worker backs up to its own folder (a shared one crashes on an HDF5 file lock; the hosts of a pod slice
+    may have no shared disk). A worker killed between the workers' writes of the same backup leaves the backups
+    one save apart; restored as they are, the workers would start from different weights and epochs, and their
     collectives fail on the first step. After restoring, every worker takes the chief's weights,
-    optimizer state and first epoch. Outside multi-worker tf.distribute (one process, as every JAX run
-    here) it is Keras' BackupAndRestore.
+    optimizer state and first epoch. In a one-process run it is Keras' BackupAndRestore.
     """
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         strategy = getattr(self.model, "distribute_strategy", None)  # TensorFlow's trainer only.
-        if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        if not multi_worker and multihost.process_count() == 1:
             return
         variables = [*self.model.variables, *self.model.optimizer.variables]
         restored = getattr(self.model, "_initial_epoch", None)  # Set by the parent from the backup.
         epoch = -1 if restored is None else restored
-        *values, chief_epoch = distribute.broadcast_from_first_replica(
-            strategy, [v.value for v in variables] + [tf.constant(epoch, tf.int64)])
+        if multi_worker:
+            *values, chief_epoch = distribute.broadcast_from_first_replica(
+                strategy, [v.value for v in variables] + [tf.constant(epoch, tf.int64)])
+        else:
+            *values, chief_epoch = multihost.broadcast_from_process_0(
+                [np.asarray(v.value) for v in variables] + [np.array(epoch, np.int64)])
         for variable, value in zip(variables, values):
             variable.assign(value)
         chief_epoch = int(chief_epoch)
@@ -232,7 +240,7 @@ def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy):
     """Checks the config against the strategy, seeds, makes this worker's output folder and the datasets.
 
     Returns:
-        (worker index, output folder, datasets, steps per epoch, epochs).
+        (worker index, output folder (`distribute.output_dir`), datasets, steps per epoch, epochs).
     """
     if config.precision not in PRECISIONS:
         raise ValueError(f"Unknown precision {config.precision!r}. Expected one of {sorted(PRECISIONS)}.")
@@ -241,12 +249,12 @@ def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy):
     if keras.backend.backend() == "jax":
         distribute.keep_tensorflow_on_cpu()
     worker = distribute.worker_index()
-    outdir = workdir if distribute.is_chief() else os.path.join(workdir, f"worker_{worker}")
+    outdir = distribute.output_dir(workdir)
     os.makedirs(outdir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)
     datasets = data_lib.make_datasets(config)
     if not recipe_of(config).exact_eval:  # the others pad the last eval batch (`evaluation_data`)
-        distribute.check_eval_split(datasets.num_eval_examples, strategy, config.dataset, config.eval_split)
+        distribute.check_eval_split(datasets.eval_shard_sizes, strategy, config.dataset, config.eval_split)
     steps_per_epoch, epochs = _schedule(config, datasets.num_train_examples)
     logging.info("Config: %s", dataclasses.asdict(config))
     return worker, outdir, datasets, steps_per_epoch, epochs
@@ -285,7 +293,7 @@ def evaluation_data(config: Config, datasets: data_lib.Datasets) -> tf.data.Data
     whose padding rows weigh 0 (`data.exact_batches`), so each example counts once on any number of devices."""
     recipe = recipe_of(config)
     if recipe.exact_eval:
-        return data_lib.exact_batches(recipe.inputs(datasets.eval), config.batch_size, datasets.num_eval_examples)
+        return data_lib.exact_batches(recipe.inputs(datasets.eval), datasets.batch_size, datasets.eval_batches)
     return recipe.inputs(datasets.eval)
 
 
@@ -344,6 +352,9 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
                "num_eval_examples": datasets.num_eval_examples, "skipped_examples": datasets.skipped,
                "optimizer_iterations": int(model.optimizer.iterations.numpy()),
                **recipe.save(model, backbone, outdir), "eval_path": os.path.join(outdir, "model.eval.json")}
+    if distribute.is_scratch(outdir, workdir):  # Process 0 saved the same files in workdir.
+        shutil.rmtree(outdir, ignore_errors=True)
+        return {name: value for name, value in summary.items() if not name.endswith("_path")}
     with open(summary["eval_path"], "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)
     shown = ", ".join(f"{name} {value:.4f}" for name, value in results.items())

@@ -5,6 +5,10 @@
     keras-vit-train --config=finetune --workdir=/tmp/ft --override weights=/ckpt/ViT-B_16.npz \\
         --override dataset=cifar10 --override total_steps=10000 --strategy=mirrored
     KERAS_BACKEND=jax keras-vit-train --config=pretrain --workdir=$HOME/vit_b16   # a TPU VM's chips
+    KERAS_BACKEND=jax keras-vit-train --config=pretrain --workdir=gs://b/vit --multi_process  # every host of
+        # a TPU pod slice (gcloud ... ssh --worker=all); elsewhere name process 0's address, the count and an id:
+    KERAS_BACKEND=jax keras-vit-train --config=digits --workdir=/tmp/d --coordinator_address=10.0.0.1:1234 \
+        --num_processes=2 --process_id=0        # and --process_id=1 on the second host
 
 Run the same command again after a crash to resume from `workdir/backup/`.
 """
@@ -45,6 +49,22 @@ _MODEL_PARALLEL = flags.DEFINE_integer(
     "model_parallel", 1, "JAX only: devices per model replica. 1: DataParallel (weights replicated, batches "
     "split over all devices); N > 1: ModelParallel on a (devices/N, N) mesh splitting each encoder block's "
     "attention heads and MLP width over N devices, for the large variants.")
+_MULTI_PROCESS = flags.DEFINE_bool(
+    "multi_process", False, "JAX only: join the other processes of this run (one per host) before training; "
+    "implied by any of the three flags below. On a TPU pod slice (and under SLURM or Open MPI) JAX finds the "
+    "coordinator, the count and this process's id itself.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "JAX multi-process: process 0's host:port, the same on every process (or "
+    "all processes' addresses, comma-separated, process 0's first). Default: $KERAS_DISTRIBUTION_JOB_ADDRESSES.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "JAX multi-process: how many processes the run has. "
+                                      "Default: $KERAS_DISTRIBUTION_NUM_PROCESSES.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "JAX multi-process: this process's id, 0 to "
+                                   "num_processes - 1 (0 writes the outputs). Default: $KERAS_DISTRIBUTION_PROCESS_ID.")
+_JOIN_TIMEOUT = flags.DEFINE_integer("join_timeout", 300, "JAX multi-process: seconds to wait for every process to "
+                                     "join before giving up.")
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout", 100, "JAX multi-process: seconds after which the processes stop when one of them stopped "
+    "answering (crashed, killed, host lost). Run the same commands again to resume.")
 _VERBOSE = flags.DEFINE_integer("verbose", 1, "Keras progress output: 0 silent, 1 progress bar, 2 one line "
                                 "per epoch.")
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the recipe with the overrides applied (field "
@@ -58,16 +78,32 @@ def main(argv: list[str]) -> None:
     cli.require("keras-vit-train", "training")
     import dataclasses
 
-    from keras_vit.training import configs, distribute, trainer
+    import keras
+
+    from keras_vit.training import configs, distribute, multihost, trainer
 
     logging.getLogger().setLevel(logging.INFO)
     config = configs.apply_overrides(configs.get_config(_CONFIG.value), _OVERRIDE.value)
     if _PRINT_CONFIG.value:
         print(json.dumps(dataclasses.asdict(config), indent=2))
         return
-    strategy = distribute.get_strategy(_STRATEGY.value, _TPU.value, _MODEL_PARALLEL.value)
+    try:
+        cluster = multihost.Cluster.from_flags_and_env(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        if _MULTI_PROCESS.value or cluster.given:
+            if keras.backend.backend() != "jax":
+                raise ValueError("--multi_process, --coordinator_address, --num_processes and --process_id (and "
+                                 "KERAS_DISTRIBUTION_*) join JAX processes: run with KERAS_BACKEND=jax, or on "
+                                 "TensorFlow set TF_CONFIG and use --strategy=multiworker.")
+            multihost.initialize(cluster, _JOIN_TIMEOUT.value, _HEARTBEAT_TIMEOUT.value)
+        strategy = distribute.get_strategy(_STRATEGY.value, _TPU.value, _MODEL_PARALLEL.value)
+        distribute.check_global_batch(config.batch_size, strategy)
+    except (ValueError, multihost.JoinError) as error:  # A setup that cannot run: one line, no traceback.
+        raise SystemExit(f"keras-vit-train: {error}") from None
     logging.info("Devices: %s", distribute.device_names())
     summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
+    if "model_path" not in summary:  # A JAX process other than 0: process 0 saved the model.
+        print(f"process {multihost.process_index()}: eval done, process 0 saved the model")
+        return
     if config.recipe == "masked_patches":
         print(f"masked patch loss {summary['loss']:.4f}; encoder saved to {summary['encoder_path']} "
               f"(weights: {summary['encoder_weights_path']})")
