@@ -1,7 +1,9 @@
 """keras-vit-tflite: a keras_vit classifier as LiteRT (`.tflite`) files in four modes, each checked
-against the Keras model on real images; prints the report.
+against the Keras model on real images; prints the report. An int8 mode that loses more than
+--max-top1-drop points of top-1 agreement is not written, and the command exits with one line that
+names it, its drop, the limit and its most sensitive layers.
 
-    keras-vit-tflite --model vit.keras --out exports/tflite [--images DIR | --dataset digits]
+    keras-vit-tflite --model vit.keras --out exports/tflite [--images DIR | --dataset digits] [--max-top1-drop 1]
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from typing import Sequence
 from keras_vit import cli
 from keras_vit.cli import common
 
-# keras_vit.export's ALL_MODES and data.DATASETS, spelled here so that --help needs no TensorFlow (a test
-# checks that they agree).
+# keras_vit.export's ALL_MODES, data.DATASETS and tflite.DEFAULT_MAX_TOP1_DROP, spelled here so that --help
+# needs no TensorFlow (tests check that they agree).
 MODES = ("float32", "float16", "dynamic_int8", "int8")
 DATASETS = ("digits", "photos")
+DEFAULT_MAX_TOP1_DROP = 1.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,17 +30,28 @@ def _parser() -> argparse.ArgumentParser:
     images.add_argument("--dataset", choices=DATASETS, default="digits",
                         help="embedded real images when no --images (default: digits)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--max-top1-drop", type=float, default=DEFAULT_MAX_TOP1_DROP, metavar="POINTS",
+                        help="the most top-1 agreement with the Keras model, in percentage points, that an int8 "
+                             "mode (dynamic_int8, int8) may lose; past it the file is not written "
+                             f"(default: {DEFAULT_MAX_TOP1_DROP:g})")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if not args.max_top1_drop >= 0:
+        parser.error(f"--max-top1-drop takes points >= 0. Received: {args.max_top1_drop}")
     cli.require("keras-vit-tflite", "export")
     from keras_vit.export import tflite
 
     model = common.model_from_args(parser, args)
-    report = tflite.export_tflite(model, args.out, dataset=args.images or args.dataset, modes=args.modes)
+    try:
+        report = tflite.export_tflite(model, args.out, dataset=args.images or args.dataset, modes=args.modes,
+                                      max_top1_drop=args.max_top1_drop)
+    except tflite.Top1DropError as refused:
+        print(tflite.markdown_report(refused.report))
+        raise SystemExit(f"keras-vit-tflite: {refused}") from None
     print(tflite.markdown_report(report))
     return 0 if all(result["passed"] for result in report["modes"]) else 1
 

@@ -1,0 +1,168 @@
+"""The `keras-vit-tflite` report's op coverage (ops outside XNNPACK) and its int8 top-1 limit, on a tiny ViT
+(2 blocks, width 16, 16 px)."""
+
+import collections
+import json
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+import keras
+import keras_vit
+from keras_vit import datasets
+from keras_vit.cli import tflite as tflite_cli
+from keras_vit.export import tflite
+from tests.testing import TINY_VIT, randomize
+
+SIZE = (16, 16)
+COUNTS = dict(calibration_count=20, evaluation_count=40)
+
+
+def tiny_model(head_scale: float = 1.0) -> keras.Model:
+    """A tiny classifier with random weights; a small `head_scale` brings its probabilities within int8's step
+    (1/256) of each other, so full int8 loses the top-1 class of most images."""
+    model = keras_vit.VisionTransformer(**dict(TINY_VIT, hidden_dim=16, mlp_dim=32, num_heads=2),
+                                        input_shape=(*SIZE, 3), classes=10, weights=None, name="tiny")
+    randomize(model, 0, scale=0.3)  # The head is zeros at init: every image would be class 0.
+    for weight in model.get_layer("head").weights:
+        weight.assign(weight * head_scale)
+    return model
+
+
+def fragile_model() -> keras.Model:
+    return tiny_model(head_scale=1e-3)
+
+
+def partial_files(out_dir) -> list:
+    return [path.name for path in out_dir.iterdir() if path.name.startswith(".")]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """(model, output directory, Top1DropError) of float32 and int8 on the digits with a limit of 0 points."""
+    model, out = fragile_model(), tmp_path_factory.mktemp("refused")
+    with pytest.raises(tflite.Top1DropError) as error:
+        tflite.export_tflite(model, out, dataset="digits", modes=("float32", "int8"), max_top1_drop=0, **COUNTS)
+    return model, out, error.value
+
+
+def analyzer_ops(path, capsys) -> list[str]:
+    """Op names of a `.tflite` file as TensorFlow's model analyzer prints them (it reads the flatbuffer)."""
+    capsys.readouterr()
+    tf.lite.experimental.Analyzer.analyze(model_path=str(path))
+    return re.findall(r"^\s+Op#\d+ (\w+)\(", capsys.readouterr().out, re.M)
+
+
+def test_op_coverage_agrees_with_the_flatbuffer(refused, capsys):
+    _, out, _ = refused
+    path = out / "tiny_float32.tflite"
+    (result,) = [r for r in json.loads((out / "report.json").read_text())["modes"] if r["mode"] == "float32"]
+    ops = collections.Counter(analyzer_ops(path, capsys))
+    assert result["ops_total"] == sum(ops.values()) > 50
+    outside = result["ops_outside_delegate"]
+    assert all(0 < count <= ops[name] for name, count in outside.items()), (outside, ops)
+    assert "FULLY_CONNECTED" not in outside and 1 <= result["delegate_partitions"] <= sum(outside.values()) + 1
+    # Without the default delegate, the same count finds every op outside and no partition.
+    bare = Interpreter(model_path=str(path),
+                       experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    bare.allocate_tensors()
+    assert tflite.outside_delegates(bare) == (dict(ops), 0)
+    listed = ", ".join(f"{name} {count}" for name, count in outside.items())
+    assert (f"| {sum(outside.values())} of {result['ops_total']} ({listed}); {result['delegate_partitions']} "
+            "partitions |") in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("how", ["missing", "raises"])
+def test_op_coverage_unknown_without_the_private_listing(how, tmp_path, monkeypatch):
+    if how == "missing":
+        monkeypatch.delattr(Interpreter, "_get_ops_details")
+    else:
+        monkeypatch.setattr(Interpreter, "_get_ops_details", lambda self: 1 / 0)
+    report = tflite.export_tflite(tiny_model(), tmp_path, dataset="photos", modes=("float32",), **COUNTS)
+    (result,) = report["modes"]
+    assert result["ops_outside_delegate"] is None and result["delegate_partitions"] is None
+    assert result["ops_total"] > 50 and result["non_builtin_ops"] == [] and result["passed"]
+    assert f"| unknown (of {result['ops_total']}) |" in (tmp_path / "report.md").read_text()
+
+
+def test_int8_over_the_limit_is_refused_and_not_written(refused):
+    model, out, error = refused
+    message = str(error)
+    report = json.loads((out / "report.json").read_text())
+    assert report == error.report
+    results = {r["mode"]: r for r in report["modes"]}
+    int8 = results["int8"]
+    assert int8["refused"] and not int8["passed"] and int8["file"] is None and int8["top1_drop"] > 10
+    assert not (out / "tiny_int8.tflite").exists() and partial_files(out) == []
+    assert results["float32"]["file"] == "tiny_float32.tflite" and (out / "tiny_float32.tflite").exists()
+    layers = int8["sensitive_layers"]
+    assert len(layers) == tflite.SENSITIVE_LAYERS and layers[0]["rmse_over_scale"] >= layers[-1]["rmse_over_scale"] > 0
+    assert "\n" not in message and message.startswith("Refused int8: top-1 drop of ")
+    assert f"{int8['top1_drop']:.2f} points" in message and "over max_top1_drop=0" in message
+    assert f"{layers[0]['tensor']} ({layers[0]['op']}, " in message
+    assert "| int8 |" in (out / "report.md").read_text() and "REFUSED, not written" in (out / "report.md").read_text()
+
+
+def test_digits_report_top1_accuracy(refused):
+    model, out, error = refused
+    report = error.report
+    _, evaluation = tflite.split_indices(len(datasets.digits("all")[1]), **COUNTS)
+    labels = datasets.digits("all")[1][evaluation]
+    results = {r["mode"]: r for r in report["modes"]}
+    keras_top1 = model.predict(datasets.resize(datasets.digits("all")[0][evaluation], SIZE), verbose=0).argmax(-1)
+    assert report["keras_top1_accuracy"] == pytest.approx(np.mean(keras_top1 == labels))
+    assert results["float32"]["top1_agreement"] == 1.0
+    assert results["float32"]["top1_accuracy"] == report["keras_top1_accuracy"]
+    assert 0 <= results["int8"]["top1_accuracy"] <= 1
+    assert "The Keras model's top-1 accuracy on these images is" in (out / "report.md").read_text()
+
+
+def test_int8_within_the_limit_is_written(tmp_path):
+    report = tflite.export_tflite(tiny_model(), tmp_path, dataset="photos", modes=("dynamic_int8", "int8"),
+                                  max_top1_drop=100, **COUNTS)
+    for result in report["modes"]:
+        assert not result["refused"] and result["sensitive_layers"] is None and result["passed"]
+        assert (tmp_path / result["file"]).stat().st_size == result["size_bytes"]
+    assert report["thresholds"]["max_top1_drop"] == 100 and report["keras_top1_accuracy"] is None
+    assert partial_files(tmp_path) == []
+    with pytest.raises(ValueError, match="Expected labels only with images"):
+        tflite.export_tflite(tiny_model(), tmp_path, dataset="photos", labels=np.zeros(300, int))
+
+
+def test_debugger_failure_still_refuses(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("no\nranking")
+
+    monkeypatch.setattr(tflite, "sensitive_layers", broken)
+    (tmp_path / "tiny_int8.tflite").write_bytes(b"an older export")  # The folder must not contradict its report.
+    with pytest.raises(tflite.Top1DropError, match=r"^Refused int8: .* most sensitive layers .*: "
+                                                   r"unknown \(ValueError: no ranking\)\.$") as error:
+        tflite.export_tflite(fragile_model(), tmp_path, dataset="photos", modes=("int8",), max_top1_drop=0,
+                             **COUNTS)
+    (result,) = error.value.report["modes"]
+    assert result["sensitive_layers"] is None and result["sensitive_layers_error"] == "ValueError: no ranking"
+    assert (tmp_path / "report.json").exists() and not (tmp_path / "tiny_int8.tflite").exists()
+
+
+def test_cli_refusal_is_one_line_and_exits_nonzero(tmp_path, capsys):
+    model_file = tmp_path / "tiny.keras"
+    fragile_model().save(model_file)
+    out = tmp_path / "tflite"
+    with pytest.raises(SystemExit) as done:
+        tflite_cli.main(["--model", str(model_file), "--out", str(out), "--modes", "int8", "--max-top1-drop", "0"])
+    message = str(done.value.code)
+    assert "\n" not in message and message.startswith("keras-vit-tflite: Refused int8: top-1 drop of ")
+    assert "max_top1_drop=0" in message and "most sensitive layers" in message
+    assert "| int8 |" in capsys.readouterr().out and not (out / "tiny_int8.tflite").exists()
+
+
+def test_limit_validated_and_spelled_once(capsys):
+    assert tflite_cli.DEFAULT_MAX_TOP1_DROP == tflite.DEFAULT_MAX_TOP1_DROP
+    with pytest.raises(SystemExit):
+        tflite_cli.main(["--variant", "Ti/16", "--out", "unused", "--max-top1-drop", "-1"])
+    assert "--max-top1-drop takes points >= 0. Received: -1.0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"Expected max_top1_drop >= 0 \(points of top-1\)\. Received nan\."):
+        tflite.export_tflite(tiny_model(), "unused", max_top1_drop=float("nan"))
