@@ -26,7 +26,7 @@ class KillOnce(keras.callbacks.Callback):
         self.kill_at, self.marker = kill_at, marker
 
     def on_train_batch_begin(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == self.kill_at and not os.path.exists(self.marker):
+        if trainer.optimizer_iterations(self.model) == self.kill_at and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -328,3 +328,27 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
         assert abs(resumed[0][key] - straight[key]) <= 1e-6, (key, resumed[0][key], straight[key])
     assert not (killed / "backup").exists() or not os.listdir(killed / "backup")
     print(f"kill -9 of process 1: process 0 stopped {stopped_after:.1f} s later; resumed at iteration 13")
+
+
+@pytest.mark.slow  # two 2-process runs (about 40 s)
+def test_masked_pretraining_then_bfloat16_finetuning_with_accumulation_on_2_processes(tmp_path):
+    """The recipes besides the supervised float32 one: masked patch prediction, then fine-tuning its encoder in
+    mixed bfloat16 with 2 accumulated micro-batches per update."""
+    common = [*TINY, "epochs=1", "steps_per_epoch=4", "total_steps=0", "dataset=digits", "train_split=train",
+              "eval_split=test"]
+    masked_flags = [f"--override={o}" for o in common]
+    port = _free_port()
+    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
+    runs = _run_processes([_cli(tmp_path / "masked", "--config=masked_patches", *flags, *masked_flags,
+                                f"--process_id={i}") for i in (0, 1)], [_env(None, port)] * 2, 240)
+    assert "masked patch loss" in _ok(runs[0]).stdout and _ok(runs[1]).returncode == 0
+    encoder = tmp_path / "masked" / "encoder.weights.h5"
+    finetune_flags = [*masked_flags, f"--override=weights={encoder}", "--override=precision=bfloat16",
+                      "--override=grad_accum_steps=2"]
+    port = _free_port()
+    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
+    runs = _run_processes([_cli(tmp_path / "finetune", "--config=finetune", *flags, *finetune_flags,
+                                f"--process_id={i}") for i in (0, 1)], [_env(None, port)] * 2, 240)
+    assert "top-1 " in _ok(runs[0]).stdout and _ok(runs[1]).returncode == 0
+    summary = json.loads((tmp_path / "finetune" / "model.eval.json").read_text())
+    assert summary["optimizer_iterations"] == 2 and summary["num_eval_examples"] == 360  # 4 micro-steps / 2

@@ -46,6 +46,12 @@ class NaNLossError(FloatingPointError):
     """Training produced a non-finite loss."""
 
 
+def optimizer_iterations(model: keras.Model) -> int:
+    """The optimizer's update count. (With gradient accumulation on JAX, `iterations` is an array computed from
+    the micro-step count, not a variable with `.numpy()`.)"""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
 # === Optimizer ===
 
 
@@ -192,7 +198,7 @@ class RunLog(keras.callbacks.Callback):
         if self._logged:
             return
         self._logged = True
-        entry = {"initial_epoch": epoch, "optimizer_iterations": int(self.model.optimizer.iterations.numpy())}
+        entry = {"initial_epoch": epoch, "optimizer_iterations": optimizer_iterations(self.model)}
         logging.info("Training starts at epoch %d, optimizer iteration %d.", epoch, entry["optimizer_iterations"])
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
@@ -350,7 +356,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
     results = exact_results(results)
     summary = {**results,
                "num_eval_examples": datasets.num_eval_examples, "skipped_examples": datasets.skipped,
-               "optimizer_iterations": int(model.optimizer.iterations.numpy()),
+               "optimizer_iterations": optimizer_iterations(model),
                **recipe.save(model, backbone, outdir), "eval_path": os.path.join(outdir, "model.eval.json")}
     if distribute.is_scratch(outdir, workdir):  # Process 0 saved the same files in workdir.
         shutil.rmtree(outdir, ignore_errors=True)
