@@ -26,14 +26,15 @@ ALL_MODES = ("float32", "float16", "dynamic_int8", "int8")
 def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os.PathLike, *,
                version: int | None = None, overwrite: bool = False, class_names: Sequence[str] | None = None,
                images: np.ndarray | None = None, dataset: str | os.PathLike = "digits",
-               modes: Sequence[str] = ALL_MODES) -> dict[str, Any]:
+               modes: Sequence[str] = ALL_MODES, max_top1_drop: float | None = None) -> dict[str, Any]:
     """Exports a classifier to `out_dir/saved_model/<version>/` and `out_dir/tflite/`.
 
     Args:
         model_or_path: a keras_vit classifier or the path of a `.keras` file.
         out_dir: output directory.
         version, overwrite, class_names: as `export_saved_model`.
-        images, dataset, modes: as `export_tflite` (real images for int8 calibration and checks).
+        images, dataset, modes, max_top1_drop: as `export_tflite` (real images for int8 calibration and checks;
+            the int8 modes' top-1 limit, `tflite.DEFAULT_MAX_TOP1_DROP` points when None).
 
     Returns:
         `{"saved_model": <version dir>, "tflite": <TFLite report dict>, "tflite_markdown": <its table>}`.
@@ -45,7 +46,9 @@ def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os
     out = Path(out_dir)
     saved = saved_model.export_saved_model(model, out / "saved_model", version=version, overwrite=overwrite,
                                class_names=class_names)
-    report = tflite.export_tflite(model, out / "tflite", images=images, dataset=dataset, modes=modes)
+    limit = tflite.DEFAULT_MAX_TOP1_DROP if max_top1_drop is None else max_top1_drop
+    report = tflite.export_tflite(model, out / "tflite", images=images, dataset=dataset, modes=modes,
+                                  max_top1_drop=limit)
     return {"saved_model": str(saved), "tflite": report, "tflite_markdown": tflite.markdown_report(report)}
 
 
