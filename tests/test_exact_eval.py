@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from keras_vit.training import data, supervised
+from tests.test_multihost import _env, _free_port, _run_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,16 +80,22 @@ EVAL_SCRIPT = textwrap.dedent("""
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
     import keras
-    from keras_vit.training import configs, data, distribute, trainer
+    from keras_vit.training import configs, data, distribute, multihost, trainer
+    cluster = multihost.Cluster.from_flags_and_env()
+    if cluster.given:  # 2 processes: each reads its half of the folder; 1, 2 or 4 of each one's devices.
+        multihost.initialize(cluster, join_timeout_s=60, heartbeat_timeout_s=10)
     config = configs.apply_overrides(configs.get_config("digits"), [
         *sys.argv[4:], "dataset=folder", f"data_dir={folder}", "train_split=train", "eval_split=test",
         "batch_size=32"])
     datasets = data.make_datasets(config)
     report = {}
-    for count in (1, 2, 4, 8):
+    for count in ((2, 4, 8) if cluster.given else (1, 2, 4, 8)):
         if backend == "jax":
             import jax
-            strategy = keras.distribution.DataParallel(devices=jax.devices()[:count]) if count > 1 else None
+            devices = [d for p in range(jax.process_count())
+                       for d in [d for d in jax.devices() if d.process_index == p][:count // jax.process_count()]]
+            strategy = (keras.distribution.DataParallel(devices=[f"cpu:{d.id}" for d in devices],
+                                                        auto_shard_dataset=False) if count > 1 else None)
         else:
             import tensorflow as tf
             strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(count)])
@@ -100,7 +107,8 @@ EVAL_SCRIPT = textwrap.dedent("""
             results = trainer.exact_results(model.evaluate(trainer.evaluation_data(config, datasets),
                                                            return_dict=True, verbose=0))
         report[count] = dict(results, replicas=distribute.num_replicas(strategy))
-    print("REPORT:" + json.dumps(report))
+    if multihost.is_writer():
+        print("REPORT:" + json.dumps(report))
 """)
 
 
@@ -153,6 +161,12 @@ def test_top1_of_449_images_is_the_same_on_1_2_4_8_devices_on_jax_and_tensorflow
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         table[backend] = json.loads(done.stdout.split("REPORT:", 1)[1])
+    port = _free_port()
+    script = [sys.executable, "-c", EVAL_SCRIPT, "jax", str(digits_folder), str(tmp_path / "model.weights.h5"),
+              *overrides]
+    runs = _run_processes([script, script], [_env(i, port, devices=4) for i in (0, 1)], 900)
+    assert all(run.returncode == 0 for run in runs), runs[0].stderr[-3000:] + runs[1].stderr[-3000:]
+    table["jax_2_processes"] = json.loads(runs[0].stdout.split("REPORT:", 1)[1])
     print(json.dumps({"numpy_correct": correct, **table}))
     for backend, rows in table.items():
         for count, row in rows.items():

@@ -117,6 +117,17 @@ def initialize(cluster: Cluster, join_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S,
     if cluster.num_processes is not None and jax.process_count() != cluster.num_processes:
         raise JoinError(f"This process was told of {cluster.num_processes} processes, the run has "
                         f"{jax.process_count()}. Expected the same process count on every process.")
+    _agree_on_a_seed()
+
+
+def _agree_on_a_seed() -> None:
+    """Seeds Keras (and Python's and NumPy's generators) with process 0's random seed on every process, as
+    `keras.distribution.initialize()` does: a model built before any `keras.utils.set_random_seed` call must get
+    the same initial weights everywhere (JAX checks that every process places the same values)."""
+    import keras
+
+    seed = broadcast_from_process_0([np.array(np.random.SeedSequence().entropy % 2**31, np.int64)])[0]
+    keras.utils.set_random_seed(int(seed))
 
 
 def rendezvous(cluster: Cluster, timeout_s: float) -> None:
