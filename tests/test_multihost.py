@@ -352,3 +352,31 @@ def test_masked_pretraining_then_bfloat16_finetuning_with_accumulation_on_2_proc
     assert "top-1 " in _ok(runs[0]).stdout and _ok(runs[1]).returncode == 0
     summary = json.loads((tmp_path / "finetune" / "model.eval.json").read_text())
     assert summary["optimizer_iterations"] == 2 and summary["num_eval_examples"] == 360  # 4 micro-steps / 2
+
+
+def test_each_process_reads_only_its_even_split_of_a_tfds_split(monkeypatch):
+    """A TFDS split is read as `tfds.even_splits` parts, one per process: process i asks TFDS for part i only."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    asked = []
+
+    class Splits(dict):
+        def __getitem__(self, split):
+            return type("SplitInfo", (), {"num_examples": 10})()
+
+    class Builder:
+        data_dir = "/nowhere"
+        info = type("Info", (), {"splits": Splits(), "features": {"label": type("L", (), {"num_classes": 3})()}})()
+
+        def as_dataset(self, split, shuffle_files, as_supervised):
+            asked.append(split)
+            return tf.data.Dataset.from_tensors((tf.zeros((2, 2, 3), tf.uint8), 0))
+
+    monkeypatch.setattr(tfds, "list_builders", lambda: ["cifar10"])
+    monkeypatch.setattr(tfds, "builder", lambda name, data_dir=None: Builder())
+    for index in range(3):
+        data.tfds_source("cifar10", "train[:98%]", None, False, True, shard=multihost.Shard(index, 3))
+    data.tfds_source("cifar10", "train[:98%]", None, False, True)
+    assert asked == [*tfds.even_splits("train[:98%]", n=3, drop_remainder=False), "train[:98%]"]
+    assert len(set(asked[:3])) == 3
