@@ -282,6 +282,15 @@ def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
         assert result.stderr.strip().splitlines()[-1] == (
             "keras-vit-train: Global batch size 6 is not divisible by the 4 replicas of DataParallel over 2 processes. "
             "Expected a positive multiple of 4.")
+    port = _free_port()
+    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", "--model_parallel=2",
+             *[f"--override={o}" for o in TINY]]
+    for result in _run_processes([_cli(tmp_path, *flags, f"--process_id={i}") for i in (0, 1)],
+                                 [_env(None, port)] * 2, 120):
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+            "keras-vit-train: model_parallel=2 with 2 processes: keras_vit saves a split model from one process "
+            "only. Expected model_parallel=1 (DataParallel) in a multi-process run.")
+    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", "--join_timeout=3"]
     alone = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, _free_port()),
                            capture_output=True, text=True, timeout=120)
     assert alone.returncode == 1 and "Traceback" not in alone.stderr
