@@ -56,6 +56,7 @@ def analyzer_ops(path, capsys) -> list[str]:
     return re.findall(r"^\s+Op#\d+ (\w+)\(", capsys.readouterr().out, re.M)
 
 
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
 def test_op_coverage_agrees_with_the_flatbuffer(refused, capsys):
     _, out, _ = refused
     path = out / "tiny_float32.tflite"
@@ -75,6 +76,7 @@ def test_op_coverage_agrees_with_the_flatbuffer(refused, capsys):
             "partitions |") in (out / "report.md").read_text()
 
 
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
 @pytest.mark.parametrize("how", ["missing", "raises"])
 def test_op_coverage_unknown_without_the_private_listing(how, tmp_path, monkeypatch):
     if how == "missing":
@@ -88,6 +90,7 @@ def test_op_coverage_unknown_without_the_private_listing(how, tmp_path, monkeypa
     assert f"| unknown (of {result['ops_total']}) |" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
 def test_int8_over_the_limit_is_refused_and_not_written(refused):
     model, out, error = refused
     message = str(error)
@@ -106,6 +109,7 @@ def test_int8_over_the_limit_is_refused_and_not_written(refused):
     assert "| int8 |" in (out / "report.md").read_text() and "REFUSED, not written" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
 def test_digits_report_top1_accuracy(refused):
     model, out, error = refused
     report = error.report
@@ -120,6 +124,7 @@ def test_digits_report_top1_accuracy(refused):
     assert "The Keras model's top-1 accuracy on these images is" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
 def test_int8_within_the_limit_is_written(tmp_path):
     report = tflite.export_tflite(tiny_model(), tmp_path, dataset="photos", modes=("dynamic_int8", "int8"),
                                   max_top1_drop=100, **COUNTS)
@@ -132,6 +137,7 @@ def test_int8_within_the_limit_is_written(tmp_path):
         tflite.export_tflite(tiny_model(), tmp_path, dataset="photos", labels=np.zeros(300, int))
 
 
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
 def test_debugger_failure_still_refuses(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("no\nranking")
@@ -147,6 +153,7 @@ def test_debugger_failure_still_refuses(tmp_path, monkeypatch):
     assert (tmp_path / "report.json").exists() and not (tmp_path / "tiny_int8.tflite").exists()
 
 
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
 def test_cli_refusal_is_one_line_and_exits_nonzero(tmp_path, capsys):
     model_file = tmp_path / "tiny.keras"
     fragile_model().save(model_file)
