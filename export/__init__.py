@@ -20,13 +20,13 @@ from keras_vit._backend import require_tensorflow_backend
 
 require_tensorflow_backend("keras_vit.export")
 
-ALL_MODES = ("float32", "float16", "dynamic_int8", "int8")
+ALL_MODES = ("float32", "float16", "dynamic_int8", "mixed_int8", "int8")
 
 
 def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os.PathLike, *,
                version: int | None = None, overwrite: bool = False, class_names: Sequence[str] | None = None,
                images: np.ndarray | None = None, dataset: str | os.PathLike = "digits",
-               modes: Sequence[str] = ALL_MODES, max_top1_drop: float | None = None) -> dict[str, Any]:
+               modes: Sequence[str] | None = None, max_top1_drop: float | None = None) -> dict[str, Any]:
     """Exports a classifier to `out_dir/saved_model/<version>/` and `out_dir/tflite/`.
 
     Args:

@@ -1,18 +1,20 @@
-"""Exports a keras_vit classifier to LiteRT (`.tflite`) in four modes and checks each one.
+"""Exports a keras_vit classifier to LiteRT (`.tflite`) in five modes and checks each one.
 
     keras-vit-tflite --model vit.keras --out exports/tflite [--images DIR | --dataset digits] [--max-top1-drop 1]
 
 (`python -m export.tflite` in a clone; the command line is `keras_vit/cli/tflite.py`.)
 
 Modes: `float32`; `float16` (float16 weights); `dynamic_int8` (int8 weights, float activations);
-`int8` (full integer: int8 weights and activations, uint8 pixels in and uint8 probabilities out,
-calibrated on real images). All use TFLite built-in ops only. Each file is run with the LiteRT
-interpreter (`ai_edge_litert`) on held-out real images and compared with the Keras model; the
-report (`report.json`, `report.md`) gives size, latency at 1 and 2 threads, the ops that run outside
-the interpreter's default delegate (XNNPACK), max abs difference, top-1 agreement and, where the images
-have labels, top-1 accuracy. An int8 mode whose top-1 drop (100 x (1 - agreement), in points) is over
-`max_top1_drop` is not written: the report marks it refused, names the tensors that TensorFlow's
-quantization debugger finds most perturbed, and `export_tflite` raises `Top1DropError`.
+`mixed_int8` (int8 weights and calibrated int8 activations in every matmul and convolution, float32
+LayerNorm, softmax, GELU and attention products, float32 pixels in and probabilities out: every op on
+XNNPACK, the CPU mode); `int8` (full integer: every op int8, uint8 pixels in and uint8 probabilities out,
+for integer-only accelerators). Both calibrated modes are calibrated on real images. All use TFLite built-in
+ops only. Each file is run with the LiteRT interpreter (`ai_edge_litert`) on held-out real images and
+compared with the Keras model; the report (`report.json`, `report.md`) gives size, latency at 1 and 2
+threads, the ops that run outside the interpreter's default delegate (XNNPACK), max abs difference, top-1
+agreement and, where the images have labels, top-1 accuracy. An int8 mode whose top-1 drop (100 x (1 -
+agreement), in points) is over `max_top1_drop` is not written: the report marks it refused, names the tensors
+that TensorFlow's quantization debugger finds most perturbed, and `export_tflite` raises `Top1DropError`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ from . import ALL_MODES, data, model_io
 
 # Max abs difference of the probabilities allowed per mode; the int8 modes are held to `max_top1_drop` instead.
 MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
-INT8_MODES = ("dynamic_int8", "int8")
+INT8_MODES = ("dynamic_int8", "mixed_int8", "int8")
+# The ops that mixed_int8 runs in int8 (XNNPACK's int8 kernels); it keeps every other op in float32.
+MIXED_INT8_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D")
 DEFAULT_MAX_TOP1_DROP = 1.0  # points of top-1 agreement with the Keras model an int8 mode may lose
 SENSITIVE_LAYERS = 3  # tensors named when a mode is refused
 
@@ -66,16 +70,18 @@ def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[
                 "target_spec": {**builtins, "supported_types": [tf.float16]}}
     if mode == "dynamic_int8":
         return {"optimizations": [tf.lite.Optimize.DEFAULT], "target_spec": builtins}
-    if mode == "int8":
+    if mode in ("mixed_int8", "int8"):
         if calibration is None or not len(calibration):
-            raise ValueError("Full int8 quantization needs calibration images. Received none.")
+            raise ValueError(f"{mode} quantization needs calibration images. Received none.")
 
         def representative_dataset() -> Iterator[list[np.ndarray]]:
             for image in calibration:
                 yield [image[np.newaxis].astype(np.float32)]
 
-        return {"optimizations": [tf.lite.Optimize.DEFAULT], "representative_dataset": representative_dataset,
-                "target_spec": {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]},
+        calibrated = {"optimizations": [tf.lite.Optimize.DEFAULT], "representative_dataset": representative_dataset}
+        if mode == "mixed_int8":  # Quantized by `_mixed_int8` from the calibrated float model.
+            return {**calibrated, "target_spec": builtins}
+        return {**calibrated, "target_spec": {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]},
                 "inference_input_type": tf.uint8, "inference_output_type": tf.uint8}
     raise ValueError(f"Unknown TFLite mode {mode!r}. Expected one of {ALL_MODES}.")
 
@@ -107,10 +113,41 @@ def _converter(model: keras.Model, options: dict[str, Any]) -> Iterator[tf.lite.
 def convert(model: keras.Model, path: str | os.PathLike, mode: str,
             calibration: np.ndarray | None = None) -> Path:
     """Writes `model` (taking [0, 255] pixels, batch 1) as a `.tflite` file in `mode`."""
-    with _converter(model, converter_options(mode, calibration)) as converter:
-        flatbuffer = converter.convert()
+    options = converter_options(mode, calibration)
+    with _converter(model, options) as converter:
+        if mode == "mixed_int8":
+            flatbuffer = _mixed_int8(converter, options["representative_dataset"])
+        else:
+            flatbuffer = converter.convert()
     Path(path).write_bytes(flatbuffer)
     return Path(path)
+
+
+def _quantization_debugger() -> type | None:
+    """TensorFlow's `tf.lite.experimental.QuantizationDebugger`, or None where this TensorFlow has none."""
+    return getattr(getattr(tf.lite, "experimental", None), "QuantizationDebugger", None)
+
+
+def available_modes() -> tuple[str, ...]:
+    """The modes this TensorFlow can write: all of `ALL_MODES`, less `mixed_int8` where TensorFlow has no
+    quantization debugger (its selective quantization is how that mode is made)."""
+    return tuple(mode for mode in ALL_MODES if mode != "mixed_int8" or _quantization_debugger() is not None)
+
+
+def _mixed_int8(converter: tf.lite.TFLiteConverter, representative_dataset) -> bytes:
+    """The calibrated model with only `MIXED_INT8_OPS` quantized (TensorFlow's selective quantization: every other
+    built-in op is on the quantization debugger's deny list), float32 at its ends."""
+    debugger_class = _quantization_debugger()
+    if debugger_class is None:
+        raise RuntimeError(f"mixed_int8 needs tf.lite.experimental.QuantizationDebugger, which TensorFlow "
+                           f"{tf.__version__} lacks. Write dynamic_int8 or int8 instead.")
+    float_ops = sorted(name for name in _BUILTIN_NAMES.values() if name not in MIXED_INT8_OPS)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")  # the debugger's own
+        debugger = debugger_class(converter=converter, debug_dataset=representative_dataset,
+                                  debug_options=tf.lite.experimental.QuantizationDebugOptions(
+                                      denylisted_ops=float_ops))
+        return debugger.get_nondebug_quantized_model()
 
 
 class _Op(NamedTuple):
@@ -360,7 +397,7 @@ def _export_mode(model: keras.Model, out: Path, mode: str, calibration: np.ndarr
 
 def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.ndarray | None = None,
                   labels: np.ndarray | None = None, dataset: str | os.PathLike = "digits",
-                  modes: Sequence[str] = ALL_MODES, calibration_count: int = 200, evaluation_count: int = 400,
+                  modes: Sequence[str] | None = None, calibration_count: int = 200, evaluation_count: int = 400,
                   max_top1_drop: float = DEFAULT_MAX_TOP1_DROP) -> dict[str, Any]:
     """Writes one `.tflite` file per mode and `report.json` / `report.md` into `out_dir`; returns the report.
 
@@ -371,8 +408,9 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
             Defaults to images loaded from `dataset`.
         labels: optional int class of each of `images`, for top-1 accuracy. `dataset="digits"` brings its own.
         dataset: "digits", "photos" or a directory of images, used when `images` is None.
-        modes: the modes to write. Defaults to all of `ALL_MODES`.
-        calibration_count, evaluation_count: images used to calibrate full int8 and to evaluate.
+        modes: the modes to write. Defaults to `available_modes()`: all of `ALL_MODES` (less `mixed_int8`, with
+            a warning, where TensorFlow has no quantization debugger).
+        calibration_count, evaluation_count: images used to calibrate mixed_int8 and int8, and to evaluate.
         max_top1_drop: float. The most top-1 agreement with the Keras model, in points (100 x (1 - agreement)),
             that an int8 mode may lose on the evaluation images. Defaults to `DEFAULT_MAX_TOP1_DROP` (1.0).
 
@@ -380,9 +418,18 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
         Top1DropError: after writing the other modes and the report, if an int8 mode was over `max_top1_drop`
             (that mode's file is not written, and an older one of its name is removed).
     """
+    if modes is None:
+        modes = available_modes()
+        if modes != ALL_MODES:
+            warnings.warn(f"Writing {', '.join(modes)}: mixed_int8 needs tf.lite.experimental.QuantizationDebugger, "
+                          f"which TensorFlow {tf.__version__} lacks.", stacklevel=2)
     unknown = [mode for mode in modes if mode not in ALL_MODES]
     if unknown:
         raise ValueError(f"Unknown TFLite modes {unknown}. Expected a subset of {ALL_MODES}.")
+    unavailable = [mode for mode in modes if mode not in available_modes()]
+    if unavailable:
+        raise ValueError(f"TensorFlow {tf.__version__} cannot write {unavailable}: mixed_int8 needs "
+                         f"tf.lite.experimental.QuantizationDebugger. Expected a subset of {available_modes()}.")
     if not max_top1_drop >= 0:
         raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
     images, labels, source = _load_images(model, images, labels, dataset)
@@ -425,7 +472,7 @@ def markdown_report(report: dict[str, Any]) -> str:
     """The report as a Markdown table."""
     accuracy = report.get("keras_top1_accuracy") is not None
     lines = [f"# TFLite export of `{report['model']}` ({report['input_size'][0]}x{report['input_size'][1]})", "",
-             f"Compared with the Keras model on {report['modes'][0]['images']} held-out images; full int8 "
+             f"Compared with the Keras model on {report['modes'][0]['images']} held-out images; mixed_int8 and int8 "
              f"calibrated on {report['calibration_images']} others. Latency: median per image with the LiteRT "
              f"interpreter's default delegate (XNNPACK), 1 thread over every image, 2 threads over the first "
              f"{LATENCY_IMAGES}. Outside XNNPACK: the ops that the interpreter runs itself, and the number of "
@@ -449,11 +496,13 @@ def markdown_report(report: dict[str, Any]) -> str:
     if not report.get("images", {}).get("yours", True):
         lines.append(f"These checks ran on the embedded `{report['images']['source']}` images, not on images of your "
                      "model's domain: they show that each file agrees with the Keras model on those images, not that "
-                     "it keeps its accuracy on yours (nor was full int8 calibrated on them). Pass --images DIR "
+                     "it keeps its accuracy on yours (nor were the int8 modes calibrated on them). Pass --images DIR "
                      "(your own held-out images) for that.")
     for r in report["modes"]:
         if r["mode"] == "int8" and r["float_ops"]:
             lines.append(f"Full int8 keeps these built-in ops in float32: {', '.join(r['float_ops'])}.")
+        if r["mode"] == "mixed_int8":
+            lines.append(f"mixed_int8 runs {', '.join(MIXED_INT8_OPS)} in int8 and every other op in float32.")
         if r["refused"]:
             lines.append(f"Refused {_refusal(r, report['thresholds']['max_top1_drop'])}.")
     return "\n".join(lines) + "\n"

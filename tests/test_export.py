@@ -312,6 +312,9 @@ def test_tflite_trained_model_meets_every_threshold(tmp_path):
     assert results["int8"]["reference_classes_predicted"] == 10  # Agreement is not trivial.
     assert results["int8"]["top1_drop"] <= tflite.DEFAULT_MAX_TOP1_DROP  # Else export_tflite raises.
     assert report["keras_top1_accuracy"] > 0.8 and results["int8"]["top1_accuracy"] > 0.8
+    assert results["mixed_int8"]["top1_drop"] <= tflite.DEFAULT_MAX_TOP1_DROP
+    assert results["mixed_int8"]["top1_accuracy"] > 0.8
+    assert results["mixed_int8"]["ops_outside_delegate"] == results["float32"]["ops_outside_delegate"]
     assert all(result["passed"] for result in results.values())
 
 

@@ -173,3 +173,51 @@ def test_limit_validated_and_spelled_once(capsys):
     assert "--max-top1-drop takes points >= 0. Received: -1.0" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"Expected max_top1_drop >= 0 \(points of top-1\)\. Received nan\."):
         tflite.export_tflite(tiny_model(), "unused", max_top1_drop=float("nan"))
+
+
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
+def test_mixed_int8_runs_its_matmuls_in_int8_and_every_op_on_xnnpack(tmp_path):
+    model = tiny_model()
+    report = tflite.export_tflite(model, tmp_path, dataset="digits", modes=("float32", "mixed_int8"), **COUNTS)
+    results = {r["mode"]: r for r in report["modes"]}
+    mixed = results["mixed_int8"]
+    path = tmp_path / mixed["file"]
+    ops = tflite._ops(path)
+    # Every matmul takes int8 activations and weights; the ops between them (LayerNorm, softmax, GELU, the
+    # attention products) stay float32, with no int8 input.
+    matmuls = [op for op in ops if op.name == "FULLY_CONNECTED"]
+    assert len(matmuls) == 2 * 4 + 2  # 4 per block, the patch embedding and the head
+    assert all(op.input_dtypes[:2] == ["int8", "int8"] for op in matmuls), matmuls
+    for op in ops:
+        if op.name not in ("FULLY_CONNECTED", "QUANTIZE", "DEQUANTIZE", "RESHAPE", "TRANSPOSE"):
+            assert "int8" not in op.input_dtypes, op
+    assert {"SOFTMAX", "GELU", "BATCH_MATMUL", "RSQRT"} <= {op.name for op in ops if "float32" in op.input_dtypes}
+    # Nothing more outside XNNPACK than in the float32 file.
+    assert mixed["ops_outside_delegate"] == results["float32"]["ops_outside_delegate"]
+    assert mixed["delegate_partitions"] == results["float32"]["delegate_partitions"]
+    classifier = tflite.LiteRTClassifier(path)
+    assert [d["dtype"] for d in (classifier.input, classifier.output)] == [np.float32, np.float32]
+    # Close to the Keras model, and far closer than full int8 would need to be refused.
+    _, evaluation = tflite.split_indices(len(datasets.digits("all")[1]), **COUNTS)
+    images = datasets.resize(datasets.digits("all")[0][evaluation], SIZE)
+    outputs = np.stack([classifier(image) for image in images])
+    np.testing.assert_allclose(outputs, model.predict(images, verbose=0), atol=0.05)
+    assert mixed["top1_drop"] <= tflite.DEFAULT_MAX_TOP1_DROP and mixed["passed"]
+    assert "mixed_int8 runs FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D in int8" in (tmp_path / "report.md").read_text()
+
+
+def test_without_a_quantization_debugger_mixed_int8_is_left_out_or_refused(tmp_path, monkeypatch):
+    """`mixed_int8` is made by the quantization debugger's selective quantization (`tf.lite.experimental`)."""
+    assert tflite.available_modes() == tflite.ALL_MODES
+    monkeypatch.delattr(tf.lite.experimental, "QuantizationDebugger")
+    assert tflite.available_modes() == ("float32", "float16", "dynamic_int8", "int8")
+    with pytest.raises(ValueError, match=rf"TensorFlow {tf.__version__} cannot write \['mixed_int8'\]: mixed_int8 "
+                                         r"needs tf.lite.experimental.QuantizationDebugger\."):
+        tflite.export_tflite(tiny_model(), tmp_path, modes=("float32", "mixed_int8"))
+    # By default the other modes are written, with a warning (here the images are refused right after it).
+    with pytest.warns(UserWarning, match="Writing float32, float16, dynamic_int8, int8: mixed_int8 needs"), \
+            pytest.raises(ValueError, match="Expected images of shape"):
+        tflite.export_tflite(tiny_model(), tmp_path, images=np.zeros((4, 8, 8, 3)))
+    with pytest.raises(RuntimeError, match="Write dynamic_int8 or int8 instead"):
+        tflite.convert(tiny_model(), tmp_path / "x.tflite", "mixed_int8", np.zeros((2, *SIZE, 3), np.float32))
+    assert list(tmp_path.iterdir()) == []
