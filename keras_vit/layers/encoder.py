@@ -154,9 +154,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
 
     def call(self, x, context=None, training=None, return_attention_scores=False):
-        # unstack, not qkv[i]: its gradient is one stack, where strided slices each scatter into a zero-filled copy
-        # of the whole tensor.
-        query, key, value = ops.unstack(self._project_qkv(x), 3, axis=2) if context is None else (
+        query, key, value = self._split_qkv(self._project_qkv(x)) if context is None else (
             self.query_dense(x), self.key_dense(context), self.value_dense(context))  # (batch, tokens, heads, hd)
         scale = 1.0 / math.sqrt(x.shape[-1] // self.num_heads)
         dropout_active = training and self.dropout_rate > 0
@@ -171,6 +169,15 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
                                      (0, 2, 1, 3))
         out = self.output_dense(attended)
         return (out, scores) if return_attention_scores else out
+
+    @staticmethod
+    def _split_qkv(qkv):
+        """(batch, tokens, 3, heads, head_dim) -> query, key, value, each (batch, tokens, heads, head_dim).
+
+        split, not qkv[:, :, i]: its gradient is one concatenation, where strided slices each scatter into a
+        zero-filled copy of the whole tensor. Not unstack either: LiteRT's UNPACK runs outside XNNPACK, which
+        cut every exported block into its own delegate partition."""
+        return [ops.squeeze(t, axis=2) for t in ops.split(qkv, 3, axis=2)]
 
     def _project_qkv(self, x):
         """x W_q, x W_k, x W_v side by side, (batch, tokens, 3, heads, head_dim): one matmul of the three kernels
