@@ -186,7 +186,7 @@ def test_mixed_int8_runs_its_matmuls_in_int8_and_every_op_on_xnnpack(tmp_path):
     # Every matmul takes int8 activations and weights; the ops between them (LayerNorm, softmax, GELU, the
     # attention products) stay float32, with no int8 input.
     matmuls = [op for op in ops if op.name == "FULLY_CONNECTED"]
-    assert len(matmuls) == 2 * 4 + 2  # 4 per block, the patch embedding and the head
+    assert len(matmuls) == 2 * 6 + 2  # 6 per block (q, k, v, out, 2 MLP), the patch embedding and the head
     assert all(op.input_dtypes[:2] == ["int8", "int8"] for op in matmuls), matmuls
     for op in ops:
         if op.name not in ("FULLY_CONNECTED", "QUANTIZE", "DEQUANTIZE", "RESHAPE", "TRANSPOSE"):

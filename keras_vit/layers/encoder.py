@@ -154,7 +154,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
 
     def call(self, x, context=None, training=None, return_attention_scores=False):
-        query, key, value = self._split_qkv(self._project_qkv(x)) if context is None else (
+        query, key, value = self._project_qkv(x) if context is None else (
             self.query_dense(x), self.key_dense(context), self.value_dense(context))  # (batch, tokens, heads, hd)
         scale = 1.0 / math.sqrt(x.shape[-1] // self.num_heads)
         dropout_active = training and self.dropout_rate > 0
@@ -170,27 +170,18 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         out = self.output_dense(attended)
         return (out, scores) if return_attention_scores else out
 
-    @staticmethod
-    def _split_qkv(qkv):
-        """(batch, tokens, 3, heads, head_dim) -> query, key, value, each (batch, tokens, heads, head_dim).
-
-        split, not qkv[:, :, i]: its gradient is one concatenation, where strided slices each scatter into a
-        zero-filled copy of the whole tensor. Not unstack either: LiteRT's UNPACK runs outside XNNPACK, which
-        cut every exported block into its own delegate partition."""
-        return [ops.squeeze(t, axis=2) for t in ops.split(qkv, 3, axis=2)]
-
     def _project_qkv(self, x):
-        """x W_q, x W_k, x W_v side by side, (batch, tokens, 3, heads, head_dim): one matmul of the three kernels
-        concatenated (LoRA kernels merged), a third of the ops of three projections. Quantized projections each
-        take Keras' quantized call instead."""
+        """x W_q, x W_k, x W_v, each (batch, tokens, heads, head_dim), LoRA kernels merged (`kernels.projections`
+        chooses one matmul or three). Quantized projections each take Keras' quantized call instead."""
         projections = (self.query_dense, self.key_dense, self.value_dense)
         if any(projection.quantization_mode for projection in projections):
-            return ops.stack([projection(x) for projection in projections], axis=2)
+            return [projection(x) for projection in projections]
         width, heads = x.shape[-1], self.num_heads
-        kernel = ops.concatenate([ops.reshape(p.kernel, (width, width)) for p in projections], axis=1)
-        bias = ops.concatenate([ops.reshape(p.bias, (width,)) for p in projections], axis=0)
-        qkv = kernels.dense(ops.reshape(x, (-1, width)), kernel, bias)
-        return ops.reshape(qkv, (ops.shape(x)[0], ops.shape(x)[1], 3, heads, width // heads))
+        outputs = kernels.projections(ops.reshape(x, (-1, width)),
+                                      [ops.reshape(p.kernel, (width, width)) for p in projections],
+                                      [ops.reshape(p.bias, (width,)) for p in projections])
+        shape = (ops.shape(x)[0], ops.shape(x)[1], heads, width // heads)
+        return [ops.reshape(output, shape) for output in outputs]
 
     def compute_output_shape(self, input_shape):
         return input_shape
