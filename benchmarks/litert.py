@@ -19,7 +19,6 @@ without it, its rows are skipped with a note.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import platform
@@ -49,31 +48,6 @@ def build(impl: str, arch: str) -> keras.Model:
         head = model.get_layer("head")
         head.kernel.assign(keras.initializers.GlorotUniform(seed=0)(head.kernel.shape))
     return model
-
-
-def convert(model: keras.Model, path: Path, mode: str, calibration: np.ndarray) -> Path:
-    """`model` as a batch-1 `.tflite` file in `mode`, converted as `keras_vit.export.tflite` converts."""
-    options = tflite.converter_options(mode, calibration)
-    size = model.input_shape[1:]
-    with tempfile.TemporaryDirectory() as saved_model_dir:
-        archive = keras.export.ExportArchive()
-        archive.track(model)
-        archive.add_endpoint("serve", functools.partial(model.__call__, training=False),
-                             input_signature=[tf.TensorSpec((1, *size), tf.float32, name="image")])
-        archive.write_out(saved_model_dir, verbose=False)
-        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir)
-        for option, value in options.items():
-            if option == "target_spec":
-                for attribute, setting in value.items():
-                    setattr(converter.target_spec, attribute, setting)
-            else:
-                setattr(converter, option, value)
-        if mode == "mixed_int8":
-            flatbuffer = tflite._mixed_int8(converter, options["representative_dataset"])
-        else:
-            flatbuffer = converter.convert()
-    path.write_bytes(flatbuffer)
-    return path
 
 
 def _classifier(path: Path, threads: int) -> tflite.LiteRTClassifier:
@@ -143,7 +117,8 @@ def main() -> None:
             reference = model.predict(images, verbose=0, batch_size=8)
             for mode in modes:
                 start = time.perf_counter()
-                path = convert(model, out / f"{impl}_{arch.replace('/', '')}_{mode}.tflite", mode, calibration)
+                path = tflite.convert(model, out / f"{impl}_{arch.replace('/', '')}_{mode}.tflite", mode, calibration,
+                                      pixel_input=False)
                 checks[impl, mode] = {**check(path, reference, images), "size_mb": path.stat().st_size / 2**20,
                                       "convert_s": time.perf_counter() - start}
                 files[impl, mode] = path

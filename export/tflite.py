@@ -87,10 +87,12 @@ def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[
 
 
 @contextlib.contextmanager
-def _converter(model: keras.Model, options: dict[str, Any]) -> Iterator[tf.lite.TFLiteConverter]:
-    """A TFLiteConverter of `model` (taking [0, 255] pixels, batch 1) with `options` (`converter_options`)."""
-    pixel_model = model_io.with_pixel_input(model)
-    height, width = model_io.image_size(model)
+def _converter(model: keras.Model, options: dict[str, Any],
+               pixel_input: bool = True) -> Iterator[tf.lite.TFLiteConverter]:
+    """A TFLiteConverter of `model` at batch 1 with `options` (`converter_options`): taking [0, 255] pixels through
+    the model's preprocessing, or with `pixel_input=False` the model's own input (any Keras image model)."""
+    pixel_model = model_io.with_pixel_input(model) if pixel_input else model
+    height, width = model_io.image_size(model) if pixel_input else model.input_shape[1:3]
     # Keras' ExportArchive to a SavedModel, then TensorFlow's converter: what `Model.export(format="litert")`
     # does from Keras 3.12, on every Keras release this package supports.
     with tempfile.TemporaryDirectory() as saved_model_dir:
@@ -110,11 +112,12 @@ def _converter(model: keras.Model, options: dict[str, Any]) -> Iterator[tf.lite.
         yield converter
 
 
-def convert(model: keras.Model, path: str | os.PathLike, mode: str,
-            calibration: np.ndarray | None = None) -> Path:
-    """Writes `model` (taking [0, 255] pixels, batch 1) as a `.tflite` file in `mode`."""
+def convert(model: keras.Model, path: str | os.PathLike, mode: str, calibration: np.ndarray | None = None,
+            pixel_input: bool = True) -> Path:
+    """Writes `model` (taking [0, 255] pixels, batch 1; its own input with `pixel_input=False`) as a `.tflite`
+    file in `mode`, the int8 modes calibrated on `calibration` (inputs as the file takes them)."""
     options = converter_options(mode, calibration)
-    with _converter(model, options) as converter:
+    with _converter(model, options, pixel_input) as converter:
         if mode == "mixed_int8":
             flatbuffer = _mixed_int8(converter, options["representative_dataset"])
         else:
