@@ -50,13 +50,8 @@ def build(impl: str, arch: str) -> keras.Model:
     return model
 
 
-def _classifier(path: Path, threads: int) -> tflite.LiteRTClassifier:
-    """A LiteRT classifier of `path`; the int8 file takes uint8 pixels, so [-1, 1] inputs are quantized to them."""
-    return tflite.LiteRTClassifier(path, num_threads=threads)
-
-
 def check(path: Path, reference: np.ndarray, images: np.ndarray) -> dict:
-    classifier = _classifier(path, 1)
+    classifier = tflite.LiteRTClassifier(path)
     outputs = np.stack([classifier(image) for image in images])
     error = np.abs(outputs - reference).max() / reference.std()
     return {"top1_agreement": float(np.mean(outputs.argmax(-1) == reference.argmax(-1))),
@@ -67,7 +62,8 @@ def check(path: Path, reference: np.ndarray, images: np.ndarray) -> dict:
 
 def time_files(files: dict, images: np.ndarray, rounds: int) -> dict:
     """{key: {threads: median ms}} of every file, interleaved: each round times every file at 1 and 2 threads."""
-    classifiers = {(key, threads): _classifier(path, threads) for key, path in files.items() for threads in (1, 2)}
+    classifiers = {(key, threads): tflite.LiteRTClassifier(path, num_threads=threads)
+                   for key, path in files.items() for threads in (1, 2)}
     for classifier in classifiers.values():
         classifier(images[0])  # warm-up
     seconds = {name: [] for name in classifiers}

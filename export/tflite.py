@@ -421,18 +421,19 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
         Top1DropError: after writing the other modes and the report, if an int8 mode was over `max_top1_drop`
             (that mode's file is not written, and an older one of its name is removed).
     """
+    available = available_modes()
     if modes is None:
-        modes = available_modes()
+        modes = available
         if modes != ALL_MODES:
             warnings.warn(f"Writing {', '.join(modes)}: mixed_int8 needs tf.lite.experimental.QuantizationDebugger, "
                           f"which TensorFlow {tf.__version__} lacks.", stacklevel=2)
     unknown = [mode for mode in modes if mode not in ALL_MODES]
     if unknown:
         raise ValueError(f"Unknown TFLite modes {unknown}. Expected a subset of {ALL_MODES}.")
-    unavailable = [mode for mode in modes if mode not in available_modes()]
+    unavailable = [mode for mode in modes if mode not in available]
     if unavailable:
         raise ValueError(f"TensorFlow {tf.__version__} cannot write {unavailable}: mixed_int8 needs "
-                         f"tf.lite.experimental.QuantizationDebugger. Expected a subset of {available_modes()}.")
+                         f"tf.lite.experimental.QuantizationDebugger. Expected a subset of {available}.")
     if not max_top1_drop >= 0:
         raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
     images, labels, source = _load_images(model, images, labels, dataset)
