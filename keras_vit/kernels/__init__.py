@@ -60,11 +60,12 @@ def dense(x, kernel, bias):
 
 
 def projections(x, kernels: Sequence, biases: Sequence) -> list:
-    """[x @ kernel + bias for each pair] of a 2-D x. Inside `cpu_kernels()` (Keras' steps of a ViTModel) one
-    matmul of the kernels side by side, a third of the ops; elsewhere (exports, plain calls) one matmul each, so
-    that a served graph does not copy the weights together at every request (12 x 7 MB for ViT-B/16, 14% of a
-    batch-1 request on TensorFlow's Eigen path)."""
-    if scope.mode() == "off":
+    """[x @ kernel + bias for each pair] of a 2-D x. In training steps (`cpu_kernels(training=True)`) one matmul
+    of the kernels side by side, a third of the ops forward and backward; elsewhere one matmul each: a served graph
+    then does not copy the weights together at every request (12 x 7 MB for ViT-B/16, 14% of a batch-1 request
+    on TensorFlow's Eigen path), and in `predict` three matmuls beat one plus its split (AMD EPYC AVX-512, 2
+    cores: 1.028x at batch 1, 1.015x at batch 16, benchmarks/RESULTS.md run N)."""
+    if scope.mode() != "training":
         return [dense(x, kernel, bias) for kernel, bias in zip(kernels, biases)]
     fused = dense(x, ops.concatenate(list(kernels), axis=1), ops.concatenate(list(biases), axis=0))
     return ops.split(fused, len(kernels), axis=-1)

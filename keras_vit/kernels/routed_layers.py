@@ -42,6 +42,8 @@ class Dense(keras.layers.Dense):
     """
 
     def call(self, inputs, training=None):
+        if len(inputs.shape) == 2:  # no reshape op between the matmul and what follows, so TensorFlow can fuse them
+            return kernels.dense(inputs, self.kernel, self.bias)
         rows = ops.reshape(inputs, (-1, inputs.shape[-1]))
         out = kernels.dense(rows, self.kernel, self.bias)
         return ops.reshape(out, (*ops.shape(inputs)[:-1], self.units))

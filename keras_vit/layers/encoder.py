@@ -240,8 +240,9 @@ class MlpBlock(keras.layers.Layer):
         self.dropout.build((*input_shape[:-1], self.mlp_dim))
 
     def call(self, x, training=None):
-        h = self.dropout(self._activation(self.dense_0(x)), training=training)
-        return self.dropout(self.dense_1(h), training=training)
+        rows = ops.reshape(x, (-1, x.shape[-1]))  # (tokens, D): TensorFlow fuses MatMul + BiasAdd + GELU in 2-D
+        h = self.dropout(self._activation(self.dense_0(rows)), training=training)
+        return ops.reshape(self.dropout(self.dense_1(h), training=training), ops.shape(x))
 
     def _activation(self, h):
         if self.activation == "quick_gelu":
