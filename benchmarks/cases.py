@@ -37,6 +37,22 @@ def forward_flops(arch: str) -> float:
     return 2.0 * (a["layers"] * per_layer + embed + d * a["classes"])
 
 
+def forward_matmuls(arch: str, batch: int) -> list[tuple[int, int, int, int, int]]:
+    """Every matmul of a forward pass of `batch` images, as (count, batched, m, k, n): `count` ops, each
+    `batched` independent (m, k) @ (k, n) products. Their FLOPs, 2 * count * batched * m * k * n summed, are
+    `forward_flops(arch) * batch`."""
+    a = ARCHS[arch]
+    patches = (a["image"] // a["patch"]) ** 2
+    rows, d, m, heads = batch * (patches + 1), a["hidden"], a["mlp"], a["heads"]
+    tokens = patches + 1
+    return [(1, 1, batch * patches, a["patch"] ** 2 * 3, d),          # patch embedding
+            (4 * a["layers"], 1, rows, d, d),                          # q, k, v and output projections
+            (a["layers"], 1, rows, d, m), (a["layers"], 1, rows, m, d),  # MLP
+            (a["layers"], batch * heads, tokens, d // heads, tokens),  # logits q k^T
+            (a["layers"], batch * heads, tokens, tokens, d // heads),  # attention-weighted values
+            (1, 1, batch, d, a["classes"])]                            # head
+
+
 def case_flops(case: Case) -> float:
     """FLOPs of one step of a case (training ~ 3x forward: forward, input and weight gradients)."""
     return forward_flops(case.arch) * case.batch * (3 if case.kind == "train" else 1)

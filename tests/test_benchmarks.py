@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import cases, run, torchvision_stub, worker
+from benchmarks import cases, matmul_floor, run, torchvision_stub, worker
 from tests.testing import needs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,6 +72,24 @@ def test_forward_flops_count_every_matmul_of_the_tiny_model():
     assert cases.forward_flops("tiny") == 2 * macs
     train = next(case for case in cases.cases(quick=True) if case.kind == "train")
     assert cases.case_flops(train) == 3 * train.batch * 2 * macs
+
+
+@pytest.mark.parametrize("arch", sorted(cases.ARCHS))
+def test_forward_matmuls_are_every_flop_of_the_forward(arch):
+    for batch in (1, 3):
+        shapes = cases.forward_matmuls(arch, batch)
+        assert sum(2 * count * batched * m * k * n for count, batched, m, k, n in shapes) == \
+            cases.forward_flops(arch) * batch
+
+
+def test_matmul_floor_products_are_computed_and_summed(monkeypatch, capsys):
+    # One real timing of a small shape, then the floor's sum over the forward with a stand-in clock.
+    assert 0 < matmul_floor.matmul_seconds(1, 16, 8, 4, chain=3) < 1
+    monkeypatch.setattr(matmul_floor, "matmul_seconds", lambda batched, m, k, n: batched * m * k * n * 1e-9)
+    matmul_floor.main(["--arch", "tiny", "--batches", "2"])
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny | 2 |")]
+    expected_ms = sum(c * b * m * k * n for c, b, m, k, n in cases.forward_matmuls("tiny", 2)) * 1e-6
+    assert row == [f"| tiny | 2 | {expected_ms:.1f} | 2 |"]
 
 
 @pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 1.0])
