@@ -137,19 +137,28 @@ def available_modes() -> tuple[str, ...]:
     return tuple(mode for mode in ALL_MODES if mode != "mixed_int8" or _quantization_debugger() is not None)
 
 
+@contextlib.contextmanager
+def _debugger(converter: tf.lite.TFLiteConverter, representative_dataset, purpose: str,
+              denylisted_ops: Sequence[str] = (), instead: str = "") -> Iterator[Any]:
+    """TensorFlow's quantization debugger on `converter` (its own deprecation warning silenced), or a RuntimeError
+    naming `purpose` (and what to do `instead`) where this TensorFlow has none."""
+    debugger_class = _quantization_debugger()
+    if debugger_class is None:
+        raise RuntimeError(f"{purpose} needs tf.lite.experimental.QuantizationDebugger, which TensorFlow "
+                           f"{tf.__version__} lacks. {instead}".strip())
+    options = tf.lite.experimental.QuantizationDebugOptions(denylisted_ops=list(denylisted_ops)) \
+        if denylisted_ops else None
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")  # the debugger's own
+        yield debugger_class(converter=converter, debug_dataset=representative_dataset, debug_options=options)
+
+
 def _mixed_int8(converter: tf.lite.TFLiteConverter, representative_dataset) -> bytes:
     """The calibrated model with only `MIXED_INT8_OPS` quantized (TensorFlow's selective quantization: every other
     built-in op is on the quantization debugger's deny list), float32 at its ends."""
-    debugger_class = _quantization_debugger()
-    if debugger_class is None:
-        raise RuntimeError(f"mixed_int8 needs tf.lite.experimental.QuantizationDebugger, which TensorFlow "
-                           f"{tf.__version__} lacks. Write dynamic_int8 or int8 instead.")
     float_ops = sorted(name for name in _BUILTIN_NAMES.values() if name not in MIXED_INT8_OPS)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")  # the debugger's own
-        debugger = debugger_class(converter=converter, debug_dataset=representative_dataset,
-                                  debug_options=tf.lite.experimental.QuantizationDebugOptions(
-                                      denylisted_ops=float_ops))
+    with _debugger(converter, representative_dataset, "mixed_int8", float_ops,
+                   instead="Write dynamic_int8 or int8 instead.") as debugger:
         return debugger.get_nondebug_quantized_model()
 
 
@@ -232,10 +241,8 @@ def sensitive_layers(model: keras.Model, calibration: np.ndarray, count: int = S
     quantization debugger (the int8 converter, calibrated and run on `calibration`): `{"tensor", "op",
     "rmse_over_scale"}`, the root mean square error of the tensor in units of its quantization step."""
     options = converter_options("int8", calibration)
-    with _converter(model, options) as converter, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")  # the debugger's own
-        debugger = tf.lite.experimental.QuantizationDebugger(converter=converter,
-                                                             debug_dataset=options["representative_dataset"])
+    with _converter(model, options) as converter, \
+            _debugger(converter, options["representative_dataset"], "Naming the sensitive layers") as debugger:
         debugger.run()
         dump = io.StringIO()
         debugger.layer_statistics_dump(dump)

@@ -218,6 +218,11 @@ def test_without_a_quantization_debugger_mixed_int8_is_left_out_or_refused(tmp_p
     with pytest.warns(UserWarning, match="Writing float32, float16, dynamic_int8, int8: mixed_int8 needs"), \
             pytest.raises(ValueError, match="Expected images of shape"):
         tflite.export_tflite(tiny_model(), tmp_path, images=np.zeros((4, 8, 8, 3)))
-    with pytest.raises(RuntimeError, match="Write dynamic_int8 or int8 instead"):
-        tflite.convert(tiny_model(), tmp_path / "x.tflite", "mixed_int8", np.zeros((2, *SIZE, 3), np.float32))
+    calibration = np.zeros((2, *SIZE, 3), np.float32)
+    with pytest.raises(RuntimeError, match=r"mixed_int8 needs tf.lite.experimental.QuantizationDebugger, which "
+                                           rf"TensorFlow {tf.__version__} lacks\. Write dynamic_int8 or int8 instead\."):
+        tflite.convert(tiny_model(), tmp_path / "x.tflite", "mixed_int8", calibration)
     assert list(tmp_path.iterdir()) == []
+    # A refused mode's diagnosis says why it has none.
+    with pytest.raises(RuntimeError, match="Naming the sensitive layers needs tf.lite.experimental.QuantizationDebugger"):
+        tflite.sensitive_layers(tiny_model(), calibration)
