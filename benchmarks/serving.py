@@ -36,12 +36,8 @@ def export(impl: str, arch: str, out_dir: str) -> str:
     from benchmarks import worker
     keras.utils.set_random_seed(0)
     if impl == "keras_vit":
-        import keras_vit
         from keras_vit.export import saved_model
-        a = worker.ARCHS[arch]
-        model = keras_vit.VisionTransformer(  # with its preprocessing, as a user exports it
-            patch_size=a["patch"], hidden_dim=a["hidden"], mlp_dim=a["mlp"], num_heads=a["heads"],
-            num_layers=a["layers"], input_shape=(a["image"], a["image"], 3), classes=a["classes"], weights=None)
+        model = worker._keras_vit_model(arch, train=False, served=True)
         return str(saved_model.export_saved_model(model, os.path.join(out_dir, impl), version=1))
     model = worker.KERAS_BUILDERS["keras_hub"](arch, train=False)
     path = os.path.join(out_dir, impl, "1")

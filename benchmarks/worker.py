@@ -39,13 +39,15 @@ def _tf(threads: int):
 
 
 # ----------------------------------------------------------------------------- Keras models
-def _keras_vit_model(arch: str, train: bool):
+def _keras_vit_model(arch: str, train: bool, served: bool = False):
+    """keras_vit's ViT of `arch` (random weights), logits of preprocessed images; with `served`, as a user exports
+    it: its preprocessing and softmax included."""
     import keras_vit
     a = ARCHS[arch]
+    ends = {} if served else dict(classifier_activation=None, include_preprocessing=False)
     return keras_vit.VisionTransformer(
         patch_size=a["patch"], hidden_dim=a["hidden"], mlp_dim=a["mlp"], num_heads=a["heads"],
-        num_layers=a["layers"], input_shape=(a["image"], a["image"], 3), classes=a["classes"],
-        classifier_activation=None, include_preprocessing=False, weights=None)
+        num_layers=a["layers"], input_shape=(a["image"], a["image"], 3), classes=a["classes"], weights=None, **ends)
 
 
 def _keras_hub_model(arch: str, train: bool):

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import cases, matmul_floor, run, torchvision_stub, worker
+from benchmarks import cases, matmul_floor, run, serving, torchvision_stub, worker
 from tests.testing import needs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +90,13 @@ def test_matmul_floor_products_are_computed_and_summed(monkeypatch, capsys):
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny | 2 |")]
     expected_ms = sum(c * b * m * k * n for c, b, m, k, n in cases.forward_matmuls("tiny", 2)) * 1e-6
     assert row == [f"| tiny | 2 | {expected_ms:.1f} | 2 |"]
+
+
+def test_serving_benchmark_loads_keras_vit_savedmodel_as_tf_serving_does(tmp_path):
+    path = serving.export("keras_vit", "tiny", str(tmp_path))
+    result = serving.serve(path, [1, 2], runs=1, profile=True)
+    assert sorted(result) == ["1", "2", "profile_ms"] and result["1"] > 0 and result["2"] > 0
+    assert any("MatMul" in op for op in result["profile_ms"]), result["profile_ms"]
 
 
 @pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 1.0])
