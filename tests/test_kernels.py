@@ -87,14 +87,16 @@ def test_choice_follows_the_cpu(flags, norm_dtypes, conv):
     assert choice.xla_elementwise
     assert not choice.xla_encoder_blocks  # TensorFlow on oneDNN keeps its fused oneDNN kernels
     assert not choice.onednn_batch_matmul  # and rewrites its batched matmuls to oneDNN's itself
+    assert not choice.xla_inference_gelu  # and fuses the GELU into the matmul before it
 
 
 def test_without_onednn_only_the_xla_loops_remain():
     """TF_ENABLE_ONEDNN_OPTS=0, or TensorFlow's default on AVX2-only CPUs."""
     choice = kernels.choose(kernels.Capabilities(AMX, onednn=False, onednn_layer_norm_op=True))
-    assert choice == kernels.KernelChoice(xla_elementwise=True, xla_encoder_blocks=True)
+    assert choice == kernels.KernelChoice(xla_elementwise=True, xla_encoder_blocks=True, xla_inference_gelu=True)
     choice = kernels.choose(kernels.Capabilities(AVX2, onednn=False, onednn_batch_matmul_op=True))
-    assert choice == kernels.KernelChoice(xla_elementwise=True, onednn_batch_matmul=True, xla_encoder_blocks=True)
+    assert choice == kernels.KernelChoice(xla_elementwise=True, onednn_batch_matmul=True, xla_encoder_blocks=True,
+                                          xla_inference_gelu=True)
 
 
 @pytest.mark.parametrize("capabilities", [
@@ -143,6 +145,7 @@ def test_machine_kernels_match_the_portable_path_forward_and_gradients(block_and
 @pytest.mark.parametrize("choice", [
     kernels.KernelChoice(onednn_layer_norm=frozenset({"float32"})),
     kernels.KernelChoice(xla_elementwise=True),
+    kernels.KernelChoice(xla_elementwise=True, xla_inference_gelu=True),
     kernels.KernelChoice(onednn_batch_matmul=True),
 ])
 def test_each_kernel_alone_matches_the_portable_path(monkeypatch, block_and_tokens, choice):
@@ -283,7 +286,25 @@ def test_wrong_kernel_result_fails_the_probe(monkeypatch):
 
 def test_failing_xla_probe_turns_the_elementwise_kernels_off(monkeypatch):
     monkeypatch.setattr(machine, "_probe_xla", _raise_unavailable)
-    assert not kernels.machine_choice().xla_elementwise
+    monkeypatch.setattr(machine, "detect", lambda: kernels.Capabilities(AVX2, onednn=False))  # would have the GELU
+    choice = kernels.machine_choice()
+    assert not choice.xla_elementwise and not choice.xla_inference_gelu
+
+
+def test_inference_gelu_is_an_xla_loop_only_where_tensorflow_cannot_fuse_it(monkeypatch):
+    mlp = keras_vit.layers.MlpBlock(16)
+    mlp.build((2, 5, 8))
+    for weight in mlp.weights:
+        weight.assign(np.random.default_rng(len(weight.shape)).normal(0, 1, weight.shape))
+    x = tf.constant(np.random.default_rng(0).normal(0, 2, (2, 5, 8)).astype("float32"))
+    portable = mlp(x).numpy()
+    _force(monkeypatch, kernels.KernelChoice(xla_elementwise=True))  # TensorFlow on oneDNN
+    assert not _xla_functions(_traced(lambda x: mlp(x), True), x)
+    _force(monkeypatch, kernels.KernelChoice(xla_elementwise=True, xla_inference_gelu=True))  # on Eigen
+    inference = _traced(lambda x: mlp(x), True)
+    assert len(_xla_functions(inference, x)) == 1
+    np.testing.assert_allclose(inference(x).numpy(), portable, rtol=1e-5, atol=1e-5)
+    assert np.abs(portable).max() > 1  # not near zero
 
 
 def test_failing_batch_matmul_op_fails_its_probe_and_outputs_stay_right(monkeypatch, block_and_tokens, caplog):

@@ -21,6 +21,8 @@ probes against the portable ops):
 - `onednn_layer_norm`: oneDNN's fused LayerNorm where TensorFlow runs on oneDNN (bfloat16 only with AVX-512).
 - `bfloat16_conv_projections`: bfloat16 `dense` as a 1x1 convolution, which oneDNN gives its AMX kernel.
 - `xla_elementwise`: in training steps, the tanh GELU and the LayerNorm backward as XLA-fused loops.
+- `xla_inference_gelu`: in inference too, the tanh GELU as one XLA-fused loop, where TensorFlow runs on Eigen
+  (oneDNN fuses it into the matmul before it instead).
 - `onednn_batch_matmul`: the attention's batched matmuls (and their gradients) by oneDNN's kernel where
   TensorFlow runs on Eigen, whose batched matmul is 2-4x slower on these shapes on AVX2.
 - `xla_encoder_blocks`: in inference, each float32 encoder block's `call` as one XLA-compiled function,
@@ -120,7 +122,8 @@ def layer_norm(x, gamma, beta, epsilon: float):
 def gelu(x, approximate: bool = True):
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), Flax's `nn.gelu` (the original), or with
     `approximate=False` the exact 0.5 x (1 + erf(x / sqrt(2))) of PyTorch's `nn.GELU()`."""
-    if approximate and scope.mode() == "training" and active().xla_elementwise:
+    choice = active()
+    if approximate and choice.xla_elementwise and (scope.mode() == "training" or choice.xla_inference_gelu):
         return tf_ops.xla_gelu_tanh(x)
     return keras.activations.gelu(x, approximate=approximate)
 

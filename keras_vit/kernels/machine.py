@@ -61,6 +61,7 @@ class KernelChoice:
     xla_elementwise: bool = False
     onednn_batch_matmul: bool = False
     xla_encoder_blocks: bool = False
+    xla_inference_gelu: bool = False  # the tanh GELU as an XLA loop in inference too (needs xla_elementwise)
 
 
 PORTABLE = KernelChoice()
@@ -74,7 +75,9 @@ def choose(capabilities: Capabilities) -> KernelChoice:
     where TensorFlow runs on oneDNN; the bfloat16 convolutions pay only with AMX. oneDNN's batched matmul,
     called directly, pays where TensorFlow runs on Eigen (Ti/16 training: the attention matmuls 2-4x
     faster on the AVX2 CPU). XLA-compiled encoder blocks pay in inference where TensorFlow runs on Eigen
-    (B/16: 12-18% faster on the AVX2 CPU); where it runs on oneDNN its fused oneDNN kernels are kept.
+    (B/16: 12-18% faster on the AVX2 CPU); where it runs on oneDNN its fused oneDNN kernels are kept. For the
+    same reason the tanh GELU is an XLA loop in inference only on Eigen, whose fused MatMul has no GELU (oneDNN
+    fuses it into the matmul before it).
     """
     if capabilities.accelerator or not capabilities.cpu_flags:
         return PORTABLE
@@ -86,7 +89,7 @@ def choose(capabilities: Capabilities) -> KernelChoice:
     return KernelChoice(onednn_layer_norm=frozenset(norm_dtypes),
                         bfloat16_conv_projections=capabilities.onednn and capabilities.amx, xla_elementwise=True,
                         onednn_batch_matmul=not capabilities.onednn and capabilities.onednn_batch_matmul_op,
-                        xla_encoder_blocks=not capabilities.onednn)
+                        xla_encoder_blocks=not capabilities.onednn, xla_inference_gelu=not capabilities.onednn)
 
 
 def cpu_flags() -> frozenset[str]:
@@ -131,7 +134,8 @@ def machine_choice() -> KernelChoice:
     batch_matmul = choice.onednn_batch_matmul and _probe("oneDNN batched matmul", _probe_batch_matmul)
     blocks = choice.xla_encoder_blocks and _probe("XLA encoder blocks", _probe_xla_blocks)
     choice = dataclasses.replace(choice, onednn_layer_norm=norm_dtypes, xla_elementwise=xla,
-                                 onednn_batch_matmul=batch_matmul, xla_encoder_blocks=blocks)
+                                 onednn_batch_matmul=batch_matmul, xla_encoder_blocks=blocks,
+                                 xla_inference_gelu=choice.xla_inference_gelu and xla)
     logger.debug("CPU kernels: %s", choice)
     return choice
 
