@@ -67,20 +67,11 @@ def floor(arch: str, batch: int) -> tuple[float, float]:
     return seconds, flops
 
 
-def predict_seconds(arch: str, batch: int, runs: int = 5) -> float:
-    import numpy as np
-    from benchmarks.worker import _keras_vit_model
-    model = _keras_vit_model(arch, train=False)
-    image = cases.ARCHS[arch]["image"]
-    x = np.random.default_rng(0).uniform(-1, 1, (batch, image, image, 3)).astype("float32")
-    model.predict_on_batch(x)
-    model.predict_on_batch(x)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        model.predict_on_batch(x)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def predict_seconds(arch: str, batch: int) -> float:
+    """Median seconds of keras_vit's float32 `predict_on_batch`, timed as `benchmarks.run` times it."""
+    from benchmarks import worker
+    case = cases.Case(f"predict_bs{batch}", "inference", arch, batch, "float32", warmup=2, iters=5)
+    return statistics.median(worker._keras_case("keras_vit", case, os.cpu_count())["latencies"])
 
 
 def main(argv: list[str] | None = None) -> None:
