@@ -3,11 +3,13 @@
     python -m benchmarks.serving [--arch B/16] [--batches 1,16] [--rounds 3] [--runs 5] [--profile]
 
 keras_vit's is `keras_vit.export.saved_model.export_saved_model` (its `serving_default`: float pixels in, the
-resize, preprocessing, model and top-k out); keras-hub's is `Model.export()` of its `ViTBackbone` with a Dense head
-on the class token (preprocessed images in, logits out), both with random weights. Each is loaded through TF1's
-loader (`tf.compat.v1.saved_model.loader.load` in a Session, as TF Serving loads it) in a fresh process, with
-`TF_ENABLE_ONEDNN_OPTS=1` (oneDNN) or `=0` (Eigen, the default of AVX2 builds); the processes are interleaved
-over `--rounds` rounds and each times `--runs` requests per batch size after one warm-up. Prints the median
+resize, preprocessing, model and top-k out), written twice: for oneDNN (`serving_kernels="onednn"`, the default)
+and for Eigen (`serving_kernels="eigen"`, `keras_vit_eigen`); each backend is compared with keras-hub through the
+export made for it, and the other export is timed too. keras-hub's is `Model.export()` of its `ViTBackbone` with a
+Dense head on the class token (preprocessed images in, logits out), all with random weights. Each is loaded
+through TF1's loader (`tf.compat.v1.saved_model.loader.load` in a Session, as TF Serving loads it) in a fresh
+process, with `TF_ENABLE_ONEDNN_OPTS=1` (oneDNN) or `=0` (Eigen, the default of AVX2 builds); the processes are
+interleaved over `--rounds` rounds and each times `--runs` requests per batch size after one warm-up. Prints the median
 milliseconds per request and keras_vit's speed over keras-hub's. `--profile` also prints the op types that take
 the most time in one traced bs16 request of each (TF1's RunMetadata step stats).
 """
@@ -26,6 +28,8 @@ import time
 
 RESULT_PREFIX = "SERVING_RESULT "
 BACKENDS = {"oneDNN": "1", "Eigen": "0"}
+IMPLS = {"keras_vit": "onednn", "keras_vit_eigen": "eigen", "keras_hub": None}  # keras_vit's serving_kernels
+MATCHING = {"oneDNN": "keras_vit", "Eigen": "keras_vit_eigen"}  # the export a user makes for each server
 
 
 def export(impl: str, arch: str, out_dir: str) -> str:
@@ -35,10 +39,11 @@ def export(impl: str, arch: str, out_dir: str) -> str:
 
     from benchmarks import worker
     keras.utils.set_random_seed(0)
-    if impl == "keras_vit":
+    if IMPLS[impl]:
         from keras_vit.export import saved_model
         model = worker._keras_vit_model(arch, train=False, served=True)
-        return str(saved_model.export_saved_model(model, os.path.join(out_dir, impl), version=1))
+        return str(saved_model.export_saved_model(model, os.path.join(out_dir, impl), version=1,
+                                                  serving_kernels=IMPLS[impl]))
     model = worker.KERAS_BUILDERS["keras_hub"](arch, train=False)
     path = os.path.join(out_dir, impl, "1")
     model.export(path, verbose=False)
@@ -98,7 +103,7 @@ def main() -> None:
     from benchmarks.run import _cpu
     print(f"CPU: {_cpu()}")
     out = tempfile.mkdtemp(prefix="serving_bench_")
-    paths = {impl: export(impl, args.arch, out) for impl in ("keras_vit", "keras_hub")}
+    paths = {impl: export(impl, args.arch, out) for impl in IMPLS}
     times = collections.defaultdict(list)
     for round_index in range(args.rounds):
         for backend, flag in BACKENDS.items():
@@ -118,12 +123,16 @@ def main() -> None:
                     times[backend, impl, batch].append(ms)
                 print(f"[round {round_index + 1}/{args.rounds}] {backend} {impl}: "
                       + ", ".join(f"bs{b} {ms:.1f} ms" for b, ms in result.items()), flush=True)
-    print("\n| backend | batch | keras_vit (ms) | keras-hub (ms) | keras_vit speed / keras-hub |")
-    print("|---|---:|---:|---:|---:|")
+    print("\n| backend | batch | keras_vit (ms) | keras_vit_eigen (ms) | keras-hub (ms) | export for this backend "
+          "/ keras-hub | the other export / keras-hub |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for backend in BACKENDS:
         for batch in args.batches.split(","):
-            ours, theirs = (statistics.median(times[backend, impl, batch]) for impl in ("keras_vit", "keras_hub"))
-            print(f"| {backend} | {batch} | {ours:.1f} | {theirs:.1f} | {theirs / ours:.3f}x |")
+            ms = {impl: statistics.median(times[backend, impl, batch]) for impl in IMPLS}
+            other = next(impl for impl in ("keras_vit", "keras_vit_eigen") if impl != MATCHING[backend])
+            print(f"| {backend} | {batch} | {ms['keras_vit']:.1f} | {ms['keras_vit_eigen']:.1f} | "
+                  f"{ms['keras_hub']:.1f} | {ms['keras_hub'] / ms[MATCHING[backend]]:.3f}x | "
+                  f"{ms['keras_hub'] / ms[other]:.3f}x |")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
                        max_pixels: int = serving.DEFAULT_MAX_PIXELS,
                        max_batch: int = serving.DEFAULT_MAX_BATCH, signatures: Sequence[str] = (),
                        feature_blocks: Sequence[int] = (-1,), embedding: str = "pooled",
-                       l2_normalize: bool = False) -> Path:
+                       l2_normalize: bool = False, serving_kernels: str = "onednn") -> Path:
     """Writes `base_dir/<version>/` (SavedModel, warmup requests, metadata) atomically; returns its path.
 
     Args:
@@ -64,13 +64,17 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
         embedding: `"pooled"` (the head's input) or `"head"` (its output: a CLIP tower's projection), for `embed`
             and for a model without a head. Defaults to `"pooled"`.
         l2_normalize: L2-normalize that embedding (CLIP, SigLIP retrieval). Defaults to `False`.
+        serving_kernels: the CPU kernels of the TensorFlow that will serve it. `"onednn"` (the default): x86
+            TensorFlow on CPUs with AVX512-VNNI, AVX512-BF16 or AMX, which fuses the MLP's matmul, bias and GELU.
+            `"eigen"`: AVX2-only CPUs, ARM, `TF_ENABLE_ONEDNN_OPTS=0`; the GELU in fewer ops. The outputs are the
+            same (to 1e-6); either runs anywhere, only slower on the other kernels.
 
     A model built for any input size (`input_shape=(None, None, 3)`) is exported so: `serving_default` takes
     images at their own size, height and width multiples of its patch stride (`serving.serving_archive`).
 
     The limits, image size (`serving_bytes`' size, and the warmup's), formats, the preprocessing served (mean,
-    std, resize, crop, interpolation) and, for a model of any input size, its patch stride (`any_size_stride`,
-    else null) are recorded in `assets.extra/keras_vit_export.json`.
+    std, resize, crop, interpolation), for a model of any input size its patch stride (`any_size_stride`, else
+    null), and `serving_kernels` are recorded in `assets.extra/keras_vit_export.json`.
     """
     base = Path(base_dir)
     version = next_version(base) if version is None else version
@@ -82,11 +86,13 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
                               f"to replace it, or choose another version (next free: {next_version(base)}).")
     archive = serving.serving_archive(model, top_k=top_k, class_names=class_names, max_pixels=max_pixels,
                                       max_batch=max_batch, signatures=signatures, feature_blocks=feature_blocks,
-                                      embedding=embedding, l2_normalize=l2_normalize)
+                                      embedding=embedding, l2_normalize=l2_normalize,
+                                      serving_kernels=serving_kernels)
     size = model_io.image_size(model)
     metadata = {"image_size": list(size), "any_size_stride": model_io.patch_stride(model),
                 "max_pixels": max_pixels, "max_batch": max_batch,
-                "top_k": min(top_k, int(model.output_shape[-1])), "image_formats": list(image_io.FORMATS),
+                "top_k": min(top_k, int(model.output_shape[-1])), "serving_kernels": serving_kernels,
+                "image_formats": list(image_io.FORMATS),
                 "signatures": ["serving_default", serving.BYTES_SIGNATURE, *signatures],
                 "preprocessing": {name: list(value) if isinstance(value, tuple) else value
                                   for name, value in model_io.input_fields(model).items()}}

@@ -343,7 +343,7 @@ def test_tensorflow_out_of_range_is_upgraded_where_it_is_installed(monkeypatch):
 
 def test_command_constants_equal_the_library_ones():
     """The parsers spell a few library constants so that --help imports no TensorFlow."""
-    from keras_vit import fewshot
+    from keras_vit import fewshot, kernels
     from keras_vit import inspection as inspect
     from keras_vit.cli import export as export_cli
     from keras_vit.cli import fewshot as fewshot_cli
@@ -355,7 +355,7 @@ def test_command_constants_equal_the_library_ones():
     assert tflite_cli.MODES == ALL_MODES and tflite_cli.DATASETS == data.DATASETS
     assert (export_cli.DEFAULT_MAX_PIXELS, export_cli.DEFAULT_MAX_BATCH) == (serving.DEFAULT_MAX_PIXELS,
                                                                              serving.DEFAULT_MAX_BATCH)
-    assert export_cli.SIGNATURES == serving.EXTRA_SIGNATURES
+    assert export_cli.SIGNATURES == serving.EXTRA_SIGNATURES and export_cli.SERVING_KERNELS == kernels.SERVING_KERNELS
     assert inspect_cli.FIGURES == inspect.FIGURES and fewshot_cli.SHOTS == fewshot.SHOTS
     assert set(train_cli.RECIPES) == set(configs.RECIPES) and train_cli.STRATEGIES == distribute.STRATEGIES
 

@@ -152,6 +152,35 @@ def test_saved_model_holds_only_portable_ops(exported):
     assert not {t for t in op_types if t.startswith("_") or "Xla" in t}, op_types
 
 
+def test_export_for_eigen_serves_the_same_outputs_through_six_gelu_ops(tmp_path, images):
+    """`--serving-kernels eigen`: the tanh GELU as x sigmoid(2u) on every signature, outputs as Keras'."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    model = tiny_model("plain")
+    with pytest.raises(ValueError, match="Unknown serving kernels 'avx2'"):
+        saved_model.export_saved_model(model, tmp_path / "bad", serving_kernels="avx2")
+    assert not (tmp_path / "bad").exists()
+    model_file = tmp_path / "tiny.keras"
+    model.save(model_file)
+    assert export_cli.main(["--model", str(model_file), "--out", str(tmp_path / "eigen"), "--serving-kernels",
+                            "eigen", "--class-names", str(_class_names_file(tmp_path))]) == 0
+    path = tmp_path / "eigen" / "1"
+    proto = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
+    op_types = graph_op_types(proto.meta_graphs[0].graph_def)
+    assert "Sigmoid" in op_types and "Tanh" not in op_types, op_types
+    assert json.loads((path / saved_model.METADATA_FILE).read_text())["serving_kernels"] == "eigen"
+    server = TF1Server(path)
+    expected = keras_outputs(model, images)
+    assert_matches_keras(server.predict("serving_default", {serving.IMAGES_KEY: images}), expected)
+    assert_matches_keras(server.predict(serving.BYTES_SIGNATURE, {serving.BYTES_KEY: encode(images, tf.io.encode_png)}),
+                         expected)
+
+
+def _class_names_file(folder) -> str:
+    path = folder / "class_names.txt"
+    path.write_text("\n".join(CLASS_NAMES) + "\n")
+    return str(path)
+
+
 def test_corrupt_bytes_then_good_request_in_tf2_loaded_model(exported, images):
     _, path = exported
     serve_bytes = tf.saved_model.load(str(path)).signatures[serving.BYTES_SIGNATURE]

@@ -307,6 +307,34 @@ def test_inference_gelu_is_an_xla_loop_only_where_tensorflow_cannot_fuse_it(monk
     assert np.abs(portable).max() > 1  # not near zero
 
 
+def test_gelu_served_on_eigen_is_the_tanh_gelu_in_six_ops():
+    x = np.linspace(-12, 12, 4001).astype("float32")
+    x64 = x.astype("float64")
+    reference = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))  # Flax's nn.gelu
+
+    def mlp_gelu(x):
+        return kernels.gelu(x, approximate=True)
+
+    default, eigen = tf.function(mlp_gelu), tf.function(lambda x: _served_on("eigen", mlp_gelu, x))
+    tanh_ops, sigmoid_ops = (_op_types(function, tf.constant(x)) for function in (default, eigen))
+    assert "Tanh" in tanh_ops and "Sigmoid" not in tanh_ops
+    assert "Sigmoid" in sigmoid_ops and "Tanh" not in sigmoid_ops
+    elementwise = {"Mul", "AddV2", "Square", "Sigmoid", "Tanh", "Pow", "Cast"}
+    traced = eigen.get_concrete_function(tf.constant(x)).graph.as_graph_def().node
+    assert sum(node.op in elementwise for node in traced) == 6
+    np.testing.assert_allclose(eigen(x).numpy(), reference, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(default(x).numpy(), reference, rtol=0, atol=2e-6)
+    assert kernels.scope.serving_kernels() == "onednn"  # restored after the scope
+    with pytest.raises(ValueError, match=r"Unknown serving kernels 'mkl'. Expected one of \('onednn', 'eigen'\)"):
+        with kernels.served_on("mkl"):
+            pass
+
+
+def _served_on(serving_kernels: str, function, x):
+    with kernels.served_on(serving_kernels):
+        return function(x)
+
+
 def test_failing_batch_matmul_op_fails_its_probe_and_outputs_stay_right(monkeypatch, block_and_tokens, caplog):
     block, tokens = block_and_tokens
     x = tf.constant(tokens)

@@ -20,6 +20,7 @@ from keras_vit.cli import common
 DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_MAX_BATCH = 256
 SIGNATURES = ("embed", "features", "explain")  # serving.EXTRA_SIGNATURES
+SERVING_KERNELS = ("onednn", "eigen")  # keras_vit.kernels.SERVING_KERNELS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="zero-shot logit scale (default: 100, CLIP's)")
     parser.add_argument("--logit-bias", type=float, default=0.0, help="zero-shot logit bias (default: 0; SigLIP's "
                                                                       "is negative)")
+    parser.add_argument("--serving-kernels", choices=SERVING_KERNELS, default="onednn",
+                        help="the CPU kernels of the TensorFlow that will serve it (default: onednn, x86 TensorFlow "
+                             "on CPUs with AVX512-VNNI, AVX512-BF16 or AMX); eigen for AVX2-only or ARM servers and "
+                             "TF_ENABLE_ONEDNN_OPTS=0: the GELU in fewer ops. Same outputs either way")
     return parser
 
 
@@ -96,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           top_k=args.top_k, class_names=class_names, max_pixels=args.max_pixels,
                                           max_batch=args.max_batch, signatures=signatures,
                                           feature_blocks=feature_blocks, embedding=args.embedding,
-                                          l2_normalize=args.l2_normalize)
+                                          l2_normalize=args.l2_normalize, serving_kernels=args.serving_kernels)
     names = ", ".join(["serving_default", serving.BYTES_SIGNATURE, *signatures])
     print(f"Wrote SavedModel {path} (signatures: {names}).")
     return 0

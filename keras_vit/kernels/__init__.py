@@ -28,6 +28,9 @@ probes against the portable ops):
 - `xla_encoder_blocks`: in inference, each float32 encoder block's `call` as one XLA-compiled function,
   shared by every block of the same shape, for batches of at most `XLA_BLOCK_MAX_ROWS` tokens in all.
 
+Exports trace with the scope off. `served_on("eigen")` (an export's `serving_kernels`) writes the tanh GELU in
+fewer ops for a TensorFlow that serves on Eigen; the default, "onednn", keeps the form oneDNN fuses.
+
 Quantized layers (`model.quantize(...)`) take Keras' own quantized path, not these primitives; LoRA layers
 (`enable_lora`) go through them with their merged kernel, and blocks holding either are not XLA-compiled.
 """
@@ -35,6 +38,7 @@ Quantized layers (`model.quantize(...)`) take Keras' own quantized path, not the
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Sequence
 
@@ -46,7 +50,7 @@ from keras_vit.kernels import scope, tf_ops
 from keras_vit.kernels.machine import (ENV_SWITCH, PORTABLE, XLA_BLOCK_MAX_ROWS, Capabilities, KernelChoice,
                                        active, choose, cpu_flags, detect, machine_choice,
                                        warn_if_bfloat16_is_emulated)
-from keras_vit.kernels.scope import cpu_kernels
+from keras_vit.kernels.scope import SERVING_KERNELS, check_serving_kernels, cpu_kernels, served_on
 
 FUSED_ATTENTION_SWITCH = "KERAS_VIT_FUSED_ATTENTION"  # "on" / "off" override `fused_attention_pays`
 
@@ -125,7 +129,16 @@ def gelu(x, approximate: bool = True):
     choice = active()
     if approximate and choice.xla_elementwise and (scope.mode() == "training" or choice.xla_inference_gelu):
         return tf_ops.xla_gelu_tanh(x)
+    if approximate and scope.serving_kernels() == "eigen":
+        return gelu_tanh_in_six_ops(x)
     return keras.activations.gelu(x, approximate=approximate)
+
+
+def gelu_tanh_in_six_ops(x):
+    """The tanh GELU as x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), since 0.5 (1 + tanh(u)) = sigmoid(2u):
+    6 elementwise ops to `tf.nn.gelu`'s 9, for a graph served on Eigen (which fuses no GELU into its matmul)."""
+    scale = 2.0 * math.sqrt(2.0 / math.pi)
+    return x * ops.sigmoid(x * (scale + scale * 0.044715 * ops.square(x)))
 
 
 def exact_quotient(size, divisor: int, message: str):
@@ -195,7 +208,8 @@ def _compilable_input(x) -> bool:
             and keras.backend.standardize_dtype(x.dtype) == "float32")
 
 
-__all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "XLA_BLOCK_MAX_ROWS", "Capabilities", "KernelChoice",
-           "active", "batch_matmul", "choose", "compiled_inference", "cpu_flags", "cpu_kernels", "dense", "detect",
-           "exact_quotient", "fused_attention", "fused_attention_pays", "gelu", "layer_norm", "machine_choice",
-           "rematerialized", "warn_if_bfloat16_is_emulated"]
+__all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "SERVING_KERNELS", "XLA_BLOCK_MAX_ROWS", "Capabilities",
+           "KernelChoice", "active", "batch_matmul", "check_serving_kernels", "choose", "compiled_inference",
+           "cpu_flags", "cpu_kernels", "dense", "detect", "exact_quotient", "fused_attention", "fused_attention_pays",
+           "gelu", "gelu_tanh_in_six_ops", "layer_norm", "machine_choice", "rematerialized", "served_on",
+           "warn_if_bfloat16_is_emulated"]

@@ -2,7 +2,7 @@
 
 `keras_vit.ViTModel` turns it on in its `train_step` (mode "training") and in its `test_step` and
 `predict_step` (mode "inference"); everything else (calls, exports, your own `tf.function`) traces
-with it off, on the portable ops.
+with it off, on the portable ops. `served_on` names the kernels of the TensorFlow that will serve an export.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ import contextlib
 import threading
 
 MODES = ("off", "inference", "training")
+# The CPU kernels of the TensorFlow that serves an export (`served_on`): oneDNN fuses MatMul + BiasAdd + the tanh
+# GELU (its remapper matches `tf.nn.gelu`'s ops); Eigen fuses no GELU, so its ops run one pass each.
+SERVING_KERNELS = ("onednn", "eigen")
 _state = threading.local()
 
 
@@ -28,3 +31,28 @@ def cpu_kernels(enabled: bool = True, training: bool = False):
 def mode() -> str:
     """"off", "inference" or "training": the scope entered last on this thread."""
     return getattr(_state, "mode", "off")
+
+
+@contextlib.contextmanager
+def served_on(kernels: str):
+    """Traces the graph an export serves for TensorFlow on `kernels`, one of `SERVING_KERNELS`."""
+    check_serving_kernels(kernels)
+    previous = serving_kernels()
+    _state.serving = kernels
+    try:
+        yield
+    finally:
+        _state.serving = previous
+
+
+def serving_kernels() -> str:
+    """The kernels `served_on` named last on this thread; "onednn" outside it."""
+    return getattr(_state, "serving", "onednn")
+
+
+def check_serving_kernels(kernels: str) -> None:
+    """Raises ValueError unless `kernels` is one of `SERVING_KERNELS`."""
+    if kernels not in SERVING_KERNELS:
+        raise ValueError(f"Unknown serving kernels {kernels!r}. Expected one of {SERVING_KERNELS}: \"onednn\" "
+                         "(x86 TensorFlow on CPUs with AVX512-VNNI, AVX512-BF16 or AMX) or \"eigen\" (AVX2-only "
+                         "CPUs, TF_ENABLE_ONEDNN_OPTS=0).")
