@@ -26,13 +26,14 @@ ALL_MODES = ("float32", "float16", "dynamic_int8", "mixed_int8", "int8")
 def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os.PathLike, *,
                version: int | None = None, overwrite: bool = False, class_names: Sequence[str] | None = None,
                images: np.ndarray | None = None, dataset: str | os.PathLike = "digits",
-               modes: Sequence[str] | None = None, max_top1_drop: float | None = None) -> dict[str, Any]:
+               modes: Sequence[str] | None = None, max_top1_drop: float | None = None,
+               serving_kernels: str = "onednn") -> dict[str, Any]:
     """Exports a classifier to `out_dir/saved_model/<version>/` and `out_dir/tflite/`.
 
     Args:
         model_or_path: a keras_vit classifier or the path of a `.keras` file.
         out_dir: output directory.
-        version, overwrite, class_names: as `export_saved_model`.
+        version, overwrite, class_names, serving_kernels: as `export_saved_model`.
         images, dataset, modes, max_top1_drop: as `export_tflite` (real images for int8 calibration and checks;
             the int8 modes' top-1 limit, `tflite.DEFAULT_MAX_TOP1_DROP` points when None).
 
@@ -45,7 +46,7 @@ def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os
     model = keras_vit.model_files.load_or_build(model_or_path)
     out = Path(out_dir)
     saved = saved_model.export_saved_model(model, out / "saved_model", version=version, overwrite=overwrite,
-                               class_names=class_names)
+                                           class_names=class_names, serving_kernels=serving_kernels)
     limit = tflite.DEFAULT_MAX_TOP1_DROP if max_top1_drop is None else max_top1_drop
     report = tflite.export_tflite(model, out / "tflite", images=images, dataset=dataset, modes=modes,
                                   max_top1_drop=limit)

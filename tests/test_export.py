@@ -354,8 +354,9 @@ def test_tflite_trained_model_meets_every_threshold(tmp_path):
 @pytest.mark.slow
 def test_export_all_hybrid_builtin_only_and_float_thresholds(tmp_path):
     # Random weights: the int8 agreement is reported, not judged (a limit of 100 points).
-    report = export_all(tiny_model("hybrid"), tmp_path, dataset="photos", max_top1_drop=100)
+    report = export_all(tiny_model("hybrid"), tmp_path, dataset="photos", max_top1_drop=100, serving_kernels="eigen")
     assert report["saved_model"] == str(tmp_path / "saved_model" / "1")
+    assert saved_model.read_metadata(report["saved_model"])["serving_kernels"] == "eigen"
     assert len(read_warmup_requests(report["saved_model"])) == 3
     assert report["tflite_markdown"] == (tmp_path / "tflite" / "report.md").read_text()
     results = check_tflite_report(report["tflite"], tmp_path / "tflite")

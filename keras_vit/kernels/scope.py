@@ -20,12 +20,8 @@ _state = threading.local()
 @contextlib.contextmanager
 def cpu_kernels(enabled: bool = True, training: bool = False):
     """Allows the machine's CPU kernels in the layers traced inside (Keras' steps of a ViTModel enter it)."""
-    previous = mode()
-    _state.mode = ("training" if training else "inference") if enabled else "off"
-    try:
+    with _holding("mode", ("training" if training else "inference") if enabled else "off"):
         yield
-    finally:
-        _state.mode = previous
 
 
 def mode() -> str:
@@ -37,17 +33,27 @@ def mode() -> str:
 def served_on(kernels: str):
     """Traces the graph an export serves for TensorFlow on `kernels`, one of `SERVING_KERNELS`."""
     check_serving_kernels(kernels)
-    previous = serving_kernels()
-    _state.serving = kernels
-    try:
+    with _holding("serving", kernels):
         yield
-    finally:
-        _state.serving = previous
 
 
 def serving_kernels() -> str:
     """The kernels `served_on` named last on this thread; "onednn" outside it."""
     return getattr(_state, "serving", "onednn")
+
+
+@contextlib.contextmanager
+def _holding(name: str, value: str):
+    """This thread's `name` is `value` inside; whatever it was (or unset) after."""
+    previous = getattr(_state, name, None)
+    setattr(_state, name, value)
+    try:
+        yield
+    finally:
+        if previous is None:
+            delattr(_state, name)
+        else:
+            setattr(_state, name, previous)
 
 
 def check_serving_kernels(kernels: str) -> None:
