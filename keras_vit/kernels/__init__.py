@@ -38,7 +38,6 @@ Quantized layers (`model.quantize(...)`) take Keras' own quantized path, not the
 from __future__ import annotations
 
 import functools
-import math
 import os
 from typing import Sequence
 
@@ -130,15 +129,8 @@ def gelu(x, approximate: bool = True):
     if approximate and choice.xla_elementwise and (scope.mode() == "training" or choice.xla_inference_gelu):
         return tf_ops.xla_gelu_tanh(x)
     if approximate and scope.serving_kernels() == "eigen":
-        return gelu_tanh_in_six_ops(x)
+        return tf_ops.gelu_tanh_as_sigmoid(x)
     return keras.activations.gelu(x, approximate=approximate)
-
-
-def gelu_tanh_in_six_ops(x):
-    """The tanh GELU as x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), since 0.5 (1 + tanh(u)) = sigmoid(2u):
-    6 elementwise ops to `tf.nn.gelu`'s 9, for a graph served on Eigen (which fuses no GELU into its matmul)."""
-    scale = 2.0 * math.sqrt(2.0 / math.pi)
-    return x * ops.sigmoid(x * (scale + scale * 0.044715 * ops.square(x)))
 
 
 def exact_quotient(size, divisor: int, message: str):
@@ -211,5 +203,4 @@ def _compilable_input(x) -> bool:
 __all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "SERVING_KERNELS", "XLA_BLOCK_MAX_ROWS", "Capabilities",
            "KernelChoice", "active", "batch_matmul", "check_serving_kernels", "choose", "compiled_inference",
            "cpu_flags", "cpu_kernels", "dense", "detect", "exact_quotient", "fused_attention", "fused_attention_pays",
-           "gelu", "gelu_tanh_in_six_ops", "layer_norm", "machine_choice", "rematerialized", "served_on",
-           "warn_if_bfloat16_is_emulated"]
+           "gelu", "layer_norm", "machine_choice", "rematerialized", "served_on", "warn_if_bfloat16_is_emulated"]
