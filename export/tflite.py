@@ -38,8 +38,9 @@ import numpy as np
 import tensorflow as tf
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
+from ai_edge_litert.tools import flatbuffer_utils
 
-from keras_vit import datasets
+from keras_vit import _tf_internals, datasets
 
 from . import ALL_MODES, data, model_io
 
@@ -50,6 +51,8 @@ INT8_MODES = ("dynamic_int8", "mixed_int8", "int8")
 MIXED_INT8_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D")
 DEFAULT_MAX_TOP1_DROP = 1.0  # points of top-1 agreement with the Keras model an int8 mode may lose
 SENSITIVE_LAYERS = 3  # tensors named when a mode is refused
+# Ops whose int8 output shares its input's scale and zero point: a range set on one end holds for the other.
+SAME_SCALE_OPS = ("RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS", "UNPACK", "SPLIT", "SLICE", "STRIDED_SLICE")
 
 
 class Top1DropError(RuntimeError):
@@ -120,6 +123,8 @@ def convert(model: keras.Model, path: str | os.PathLike, mode: str, calibration:
     with _converter(model, options, pixel_input) as converter:
         if mode == "mixed_int8":
             flatbuffer = _mixed_int8(converter, options["representative_dataset"])
+        elif mode == "int8":
+            flatbuffer = _full_int8(converter)
         else:
             flatbuffer = converter.convert()
     Path(path).write_bytes(flatbuffer)
@@ -160,6 +165,52 @@ def _mixed_int8(converter: tf.lite.TFLiteConverter, representative_dataset) -> b
     with _debugger(converter, representative_dataset, "mixed_int8", float_ops,
                    instead="Write dynamic_int8 or int8 instead.") as debugger:
         return debugger.get_nondebug_quantized_model()
+
+
+def _full_int8(converter: tf.lite.TFLiteConverter) -> bytes:
+    """Full integer, as `converter.convert()` writes it, except that the right operand of every attention product
+    (K in q k^T, V in A V) is quantized on a symmetric range, zero point 0: XNNPACK runs an int8 BATCH_MATMUL only
+    so, and otherwise the interpreter's own single-threaded kernel does (at ViT-B/16's shape about 20x slower than
+    XNNPACK's; benchmarks/RESULTS.md, run Q). Where this TensorFlow lacks the converter internals that split
+    calibration from quantization, the plain `convert()` (a warning says so)."""
+    try:
+        calibrated = _tf_internals.calibrated_tflite(converter)
+        return _tf_internals.quantize_calibrated(symmetric_matmul_operands(calibrated),
+                                                 converter.inference_input_type, converter.inference_output_type)
+    except _tf_internals.Unavailable as error:
+        warnings.warn(f"Writing int8 by TFLiteConverter.convert(): {error}. Its attention products will run "
+                      "outside XNNPACK, several times slower.", stacklevel=3)
+        return converter.convert()
+
+
+def symmetric_matmul_operands(calibrated: bytes) -> bytes:
+    """A calibrated `.tflite` model (float, each tensor's range in its `min` / `max`) with the range of the right
+    operand of every BATCH_MATMUL, and of every tensor tied to it by `SAME_SCALE_OPS`, widened to
+    [-128 a / 127, a] (a: the larger magnitude of the calibrated ends), which int8 quantizes with zero point 0.
+
+    Symmetric ranges cost at most one bit where the calibrated range was lopsided; the export's report measures
+    what that does to agreement with the Keras model."""
+    model = flatbuffer_utils.convert_bytearray_to_object(calibrated)
+    graph = model.subgraphs[0]
+
+    def name(op) -> str:
+        code = model.operatorCodes[op.opcodeIndex]
+        return _BUILTIN_NAMES.get(max(code.builtinCode, code.deprecatedBuiltinCode), "")
+
+    same_scale = [op for op in graph.operators if name(op) in SAME_SCALE_OPS]
+    tied = {int(op.inputs[1]) for op in graph.operators if name(op) == "BATCH_MATMUL"}
+    grown = True
+    while grown:  # the tensors joined to the operands through same-scale ops, in either direction
+        ends = [{int(op.inputs[0]), *map(int, op.outputs)} for op in same_scale]
+        joined = set().union(tied, *(tensors for tensors in ends if tensors & tied))
+        grown, tied = joined != tied, joined
+    for index in tied:
+        quantization = graph.tensors[index].quantization
+        if quantization is None or quantization.min is None or quantization.max is None:
+            continue
+        magnitude = np.maximum(np.abs(quantization.min), np.abs(quantization.max)).astype(np.float32)
+        quantization.min, quantization.max = -magnitude * np.float32(128 / 127), magnitude
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
 
 
 class _Op(NamedTuple):

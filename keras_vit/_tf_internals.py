@@ -2,8 +2,9 @@
 
 TensorFlow has no public API for these, and a release may move or change them. Each function
 here either works or raises `Unavailable`, and `keras_vit.kernels` then turns off the one
-fast kernel that needed it (the portable ops compute the same result). Nothing else in
-keras_vit imports from `tensorflow.python` or `tensorflow.core`.
+fast kernel that needed it (the portable ops compute the same result); `export.tflite` writes
+its full-int8 file by the converter's plain `convert()` (the same ops, its attention products
+outside XNNPACK). Nothing else in keras_vit imports from `tensorflow.python` or `tensorflow.core`.
 """
 
 from __future__ import annotations
@@ -55,3 +56,26 @@ def create_op(op_type: str, inputs, output_dtype, attrs: dict, name: str, kernel
         return graph._create_op_internal(op_type, inputs, [output_dtype], name=name, attrs=protos).outputs[0]
     except (ImportError, AttributeError, TypeError) as error:
         raise Unavailable(f"Graph._create_op_internal: {error}") from error
+
+
+def calibrated_tflite(converter) -> bytes:
+    """`converter`'s float `.tflite` model with the range each tensor took on the representative dataset recorded
+    in its quantization parameters (`min`, `max`), nothing quantized yet: `TFLiteConverter`'s
+    `_experimental_calibrate_only`, the first half of what `convert()` does for integer quantization."""
+    if not hasattr(converter, "_experimental_calibrate_only"):
+        raise Unavailable("TFLiteConverter._experimental_calibrate_only is gone")
+    converter._experimental_calibrate_only = True
+    try:
+        return converter.convert()
+    finally:
+        converter._experimental_calibrate_only = False
+
+
+def quantize_calibrated(calibrated: bytes, input_type, output_type) -> bytes:
+    """The calibrated model (`calibrated_tflite`) quantized by the converter's own MLIR quantizer, as `convert()`
+    does with `inference_input_type=input_type` and `inference_output_type=output_type`: the second half."""
+    try:
+        from tensorflow.lite.python import convert
+        return convert.mlir_quantize(bytes(calibrated), input_data_type=input_type, output_data_type=output_type)
+    except (ImportError, AttributeError, TypeError) as error:
+        raise Unavailable(f"tensorflow.lite.python.convert.mlir_quantize: {error}") from error

@@ -12,9 +12,11 @@ from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 import keras
 import keras_vit
-from keras_vit import datasets
+from ai_edge_litert.tools import flatbuffer_utils
+
+from keras_vit import _tf_internals, datasets
 from keras_vit.cli import tflite as tflite_cli
-from keras_vit.export import tflite
+from keras_vit.export import data, tflite
 from tests.testing import TINY_VIT, randomize
 
 SIZE = (16, 16)
@@ -226,3 +228,101 @@ def test_without_a_quantization_debugger_mixed_int8_is_left_out_or_refused(tmp_p
     # A refused mode's diagnosis says why it has none.
     with pytest.raises(RuntimeError, match="Naming the sensitive layers needs tf.lite.experimental.QuantizationDebugger"):
         tflite.sensitive_layers(tiny_model(), calibration)
+
+
+def graph_of(flatbuffer: bytes):
+    """(op names, the main subgraph) of a `.tflite` flatbuffer, as objects."""
+    model = flatbuffer_utils.convert_bytearray_to_object(flatbuffer)
+    codes = [max(code.builtinCode, code.deprecatedBuiltinCode) for code in model.operatorCodes]
+    graph = model.subgraphs[0]
+    return [tflite._BUILTIN_NAMES[codes[op.opcodeIndex]] for op in graph.operators], graph
+
+
+def quantization_of(flatbuffer: bytes) -> tuple[list[str], list]:
+    """(op names, (tensor name, type, scales, zero points) of every tensor) of a `.tflite` flatbuffer."""
+    names, graph = graph_of(flatbuffer)
+    tensors = [(t.name, t.type, *((None, None) if t.quantization is None or t.quantization.scale is None else
+                                  (list(t.quantization.scale), list(t.quantization.zeroPoint)))) for t in graph.tensors]
+    return names, tensors
+
+
+def int8_halves(model, calibration) -> tuple[bytes, bytes]:
+    """(the calibrated float model, the plain `convert()` full-int8 model) of `model`."""
+    options = tflite.converter_options("int8", calibration)
+    with tflite._converter(model, options) as converter:
+        calibrated = _tf_internals.calibrated_tflite(converter)
+    with tflite._converter(model, options) as converter:
+        return calibrated, converter.convert()
+
+
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
+def test_full_int8_runs_every_attention_product_and_layer_norm_on_xnnpack(tmp_path):
+    model, calibration = tiny_model(), data.digits(SIZE)[:20]
+    path = tflite.convert(model, tmp_path / "int8.tflite", "int8", calibration)
+    interpreter = Interpreter(model_path=str(path))
+    interpreter.allocate_tensors()
+    outside, _ = tflite.outside_delegates(interpreter)
+    # The interpreter's own int8 BATCH_MATMUL (right operand off zero point 0) and SQUARED_DIFFERENCE (a
+    # LayerNorm written with a square of the centred input) are each about 10x slower than XNNPACK's kernels.
+    # One SQUARED_DIFFERENCE stays: the final norm is Keras' own LayerNormalization (its class names the layer's
+    # entry in weight files); the 4 in the blocks are keras_vit's.
+    assert "BATCH_MATMUL" not in outside and outside.get("SQUARED_DIFFERENCE") == 1, outside
+    names, graph = graph_of(path.read_bytes())
+    right = [graph.tensors[op.inputs[1]] for name, op in zip(names, graph.operators) if name == "BATCH_MATMUL"]
+    assert len(right) == 2 * 2  # q k^T and A V in each of the 2 blocks
+    # Each right operand's scale is the symmetric range of its calibrated one: the larger end / 127.
+    calibrated, _ = int8_halves(model, calibration)
+    calibrated_names, calibrated_graph = graph_of(calibrated)
+    ranges = {t.name: (t.quantization.min[0], t.quantization.max[0]) for t in calibrated_graph.tensors
+              if t.quantization is not None and t.quantization.min is not None}
+    for tensor in right:
+        low, high = ranges[tensor.name]
+        assert list(tensor.quantization.zeroPoint) == [0], tensor.name
+        np.testing.assert_allclose(tensor.quantization.scale, [max(-low, high) / 127], rtol=1e-5)
+    classifier = tflite.LiteRTClassifier(path)
+    assert [d["dtype"] for d in (classifier.input, classifier.output)] == [np.uint8, np.uint8]
+
+
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
+def test_full_int8_in_two_halves_is_convert_but_for_the_symmetric_ranges():
+    model, calibration = tiny_model(), data.digits(SIZE)[:20]
+    calibrated, plain = int8_halves(model, calibration)
+    halves = _tf_internals.quantize_calibrated(calibrated, tf.uint8, tf.uint8)
+    assert quantization_of(halves) == quantization_of(plain)
+    widened = tflite.symmetric_matmul_operands(calibrated)
+    names, graph = graph_of(calibrated)
+    _, graph_after = graph_of(widened)
+    right = {op.inputs[1] for name, op in zip(names, graph.operators) if name == "BATCH_MATMUL"}
+    # Through the same-scale ops: each operand, the RESHAPE / TRANSPOSE it came from, and their projection.
+    tied = right | {op.inputs[0] for name, op in zip(names, graph.operators) if name in tflite.SAME_SCALE_OPS
+                    and set(op.outputs) & right}
+    changed = set()
+    for index, (before, after) in enumerate(zip(graph.tensors, graph_after.tensors)):
+        if before.quantization is None or before.quantization.min is None:
+            continue
+        low, high = before.quantization.min, before.quantization.max
+        new_low, new_high = after.quantization.min, after.quantization.max
+        if (new_low, new_high) != (low, high):
+            changed.add(index)
+            np.testing.assert_allclose(new_high, np.maximum(-low, high), rtol=1e-6)
+            np.testing.assert_allclose(new_low, -new_high * 128 / 127, rtol=1e-6)
+    assert tied <= changed and changed <= right | {i for name, op in zip(names, graph.operators)
+                                                    if name in tflite.SAME_SCALE_OPS for i in (*op.inputs, *op.outputs)}
+    assert quantization_of(tflite.symmetric_matmul_operands(widened)) == quantization_of(widened)  # idempotent
+
+
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
+def test_full_int8_without_the_converter_internals_is_plain_convert(tmp_path, monkeypatch):
+    def unavailable(converter):
+        raise _tf_internals.Unavailable("forced by the test")
+
+    model, calibration = tiny_model(), data.digits(SIZE)[:20]
+    _, plain = int8_halves(model, calibration)
+    monkeypatch.setattr(_tf_internals, "calibrated_tflite", unavailable)
+    with pytest.warns(UserWarning, match=r"Writing int8 by TFLiteConverter\.convert\(\): forced by the test\. Its "
+                                         r"attention products will run outside XNNPACK, several times slower\."):
+        path = tflite.convert(model, tmp_path / "int8.tflite", "int8", calibration)
+    assert quantization_of(path.read_bytes()) == quantization_of(plain)
+    interpreter = Interpreter(model_path=str(path))
+    interpreter.allocate_tensors()
+    assert "BATCH_MATMUL" in tflite.outside_delegates(interpreter)[0]

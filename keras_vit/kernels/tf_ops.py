@@ -22,12 +22,16 @@ _GELU_K = 0.044715
 
 
 def portable_layer_norm(x, gamma, beta, epsilon: float):
-    """LayerNorm of the last axis, statistics in float32 (as keras.layers.LayerNormalization)."""
+    """LayerNorm of the last axis, statistics in float32 (as keras.layers.LayerNormalization).
+
+    The variance squares by a product, not `ops.square`: LiteRT's converter fuses square(x - mean) into
+    SQUARED_DIFFERENCE, which XNNPACK has no int8 kernel for (a full-int8 file then runs it in the interpreter,
+    10x slower). The same float32 numbers either way."""
     dtype = x.dtype
     x = ops.cast(x, "float32")
     mean = ops.mean(x, axis=-1, keepdims=True)
     centered = x - mean
-    variance = ops.mean(ops.square(centered), axis=-1, keepdims=True)
+    variance = ops.mean(centered * centered, axis=-1, keepdims=True)
     scale = ops.rsqrt(variance + epsilon) * ops.cast(gamma, "float32")
     return ops.cast(centered * scale + ops.cast(beta, "float32"), dtype)
 
