@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import cases, matmul_floor, run, serving, torchvision_stub, worker
+from benchmarks import cases, litert_ops, matmul_floor, run, serving, torchvision_stub, worker
 from tests.testing import needs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +90,21 @@ def test_matmul_floor_products_are_computed_and_summed(monkeypatch, capsys):
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny | 2 |")]
     expected_ms = sum(c * b * m * k * n for c, b, m, k, n in cases.forward_matmuls("tiny", 2)) * 1e-6
     assert row == [f"| tiny | 2 | {expected_ms:.1f} | 2 |"]
+
+
+def test_litert_ops_times_each_op_and_says_where_it_ran(capsys):
+    litert_ops.main(["--tokens", "5", "--width", "16", "--heads", "2", "--runs", "2"])
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|")[3:6]
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line}
+    assert len(rows) == 1 + 9 and all(float(one) > 0 and float(two) > 0 for one, two, _ in list(rows.values())[1:])
+    outside = {case: where.strip() for case, (_, _, where) in rows.items()}
+    # The interpreter's own kernel takes an int8 BATCH_MATMUL whose right operand has a zero point; XNNPACK
+    # takes it on keras_vit's symmetric range. The squared LayerNorm brings SQUARED_DIFFERENCE, the product not.
+    for product in ("q k^T (BATCH_MATMUL)", "A V (BATCH_MATMUL)"):
+        assert outside[product, "plain"] == "BATCH_MATMUL 1" and outside[product, "keras_vit"] == "none"
+    assert "SQUARED_DIFFERENCE 1" in outside["LayerNorm, square(x - mean)", "plain"]
+    assert "SQUARED_DIFFERENCE" not in outside["LayerNorm, (x - mean)(x - mean)", "plain"]
+    assert outside["dense, width -> 4 x width (FULLY_CONNECTED)", "plain"] == "none"
 
 
 def test_serving_benchmark_loads_keras_vit_savedmodel_as_tf_serving_does(tmp_path):
