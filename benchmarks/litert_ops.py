@@ -3,7 +3,7 @@
     python -m benchmarks.litert_ops [--tokens 197] [--width 768] [--heads 12] [--runs 40]
 
 Each case is a tf.function of one op (or one LayerNorm) converted to full int8 (int8 in and out) as
-`keras_vit.export.tflite` converts the `int8` mode, calibrated on 8 standard-normal draws: "plain" by
+`keras_vit.export.tflite_conversion` converts the `int8` mode, calibrated on 8 standard-normal draws: "plain" by
 `TFLiteConverter.convert()`, "keras_vit" with the right operand of each BATCH_MATMUL on a symmetric range (zero
 point 0). Each file runs in LiteRT's interpreter with its default delegate (XNNPACK); the table gives the median
 of `--runs` invokes at 1 and 2 threads, and the ops that ran outside XNNPACK. This is how the full-int8 file's time
@@ -25,7 +25,7 @@ import tensorflow as tf  # noqa: E402
 from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 from benchmarks.run import _cpu  # noqa: E402
-from keras_vit.export import tflite  # noqa: E402
+from keras_vit.export import tflite, tflite_conversion  # noqa: E402
 
 
 def cases(tokens: int, width: int, heads: int) -> list[tuple[str, str, object, list[tuple[int, ...]]]]:
@@ -70,7 +70,7 @@ def convert(function, shapes: list[tuple[int, ...]], conversion: str) -> bytes:
                                                 for _ in range(8))
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     converter.inference_input_type = converter.inference_output_type = tf.int8
-    return tflite._full_int8(converter) if conversion == "keras_vit" else converter.convert()
+    return tflite_conversion._full_int8(converter) if conversion == "keras_vit" else converter.convert()
 
 
 def time_file(path: Path, threads: int, runs: int) -> tuple[float, dict[str, int]]:

@@ -15,44 +15,36 @@ threads, the ops that run outside the interpreter's default delegate (XNNPACK), 
 agreement and, where the images have labels, top-1 accuracy. An int8 mode whose top-1 drop (100 x (1 -
 agreement), in points) is over `max_top1_drop` is not written: the report marks it refused, names the tensors
 that TensorFlow's quantization debugger finds most perturbed, and `export_tflite` raises `Top1DropError`.
+
+How each mode is converted (the converter's settings, the int8 quantizations) is `export.tflite_conversion`.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import csv
-import functools
-import io
 import json
-import math
 import os
 import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
-from ai_edge_litert.tools import flatbuffer_utils
 
-from keras_vit import _tf_internals, datasets
+from keras_vit import datasets
 
 from . import ALL_MODES, data, model_io
+from .tflite_conversion import MIXED_INT8_OPS, _BUILTIN_NAMES, available_modes, convert, sensitive_layers
 
 # Max abs difference of the probabilities allowed per mode; the int8 modes are held to `max_top1_drop` instead.
 MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
 INT8_MODES = ("dynamic_int8", "mixed_int8", "int8")
-# The ops that mixed_int8 runs in int8 (XNNPACK's int8 kernels); it keeps every other op in float32.
-MIXED_INT8_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D")
 DEFAULT_MAX_TOP1_DROP = 1.0  # points of top-1 agreement with the Keras model an int8 mode may lose
-SENSITIVE_LAYERS = 3  # tensors named when a mode is refused
-# Ops whose int8 output shares its input's scale and zero point: a range set on one end holds for the other.
-SAME_SCALE_OPS = ("RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS", "UNPACK", "SPLIT", "SLICE", "STRIDED_SLICE")
 
 
 class Top1DropError(RuntimeError):
@@ -63,163 +55,12 @@ class Top1DropError(RuntimeError):
         self.report = report
 
 
-def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[str, Any]:
-    """TFLiteConverter settings for `mode`: attributes, and `target_spec` attributes."""
-    builtins = {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]}
-    if mode == "float32":
-        return {"target_spec": builtins}
-    if mode == "float16":
-        return {"optimizations": [tf.lite.Optimize.DEFAULT],
-                "target_spec": {**builtins, "supported_types": [tf.float16]}}
-    if mode == "dynamic_int8":
-        return {"optimizations": [tf.lite.Optimize.DEFAULT], "target_spec": builtins}
-    if mode in ("mixed_int8", "int8"):
-        if calibration is None or not len(calibration):
-            raise ValueError(f"{mode} quantization needs calibration images. Received none.")
-
-        def representative_dataset() -> Iterator[list[np.ndarray]]:
-            for image in calibration:
-                yield [image[np.newaxis].astype(np.float32)]
-
-        calibrated = {"optimizations": [tf.lite.Optimize.DEFAULT], "representative_dataset": representative_dataset}
-        if mode == "mixed_int8":  # Quantized by `_mixed_int8` from the calibrated float model.
-            return {**calibrated, "target_spec": builtins}
-        return {**calibrated, "target_spec": {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]},
-                "inference_input_type": tf.uint8, "inference_output_type": tf.uint8}
-    raise ValueError(f"Unknown TFLite mode {mode!r}. Expected one of {ALL_MODES}.")
-
-
-@contextlib.contextmanager
-def _converter(model: keras.Model, options: dict[str, Any],
-               pixel_input: bool = True) -> Iterator[tf.lite.TFLiteConverter]:
-    """A TFLiteConverter of `model` at batch 1 with `options` (`converter_options`): taking [0, 255] pixels through
-    the model's preprocessing, or with `pixel_input=False` the model's own input (any Keras image model)."""
-    pixel_model = model_io.with_pixel_input(model) if pixel_input else model
-    height, width = model_io.image_size(model) if pixel_input else model.input_shape[1:3]
-    # Keras' ExportArchive to a SavedModel, then TensorFlow's converter: what `Model.export(format="litert")`
-    # does from Keras 3.12, on every Keras release this package supports.
-    with tempfile.TemporaryDirectory() as saved_model_dir:
-        archive = keras.export.ExportArchive()
-        archive.track(pixel_model)
-        archive.add_endpoint("serve", functools.partial(pixel_model.__call__, training=False),
-                             input_signature=[tf.TensorSpec((1, height, width, 3), tf.float32, name="image")])
-        archive.write_out(saved_model_dir, verbose=False)
-        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir)
-        converter.experimental_enable_resource_variables = True
-        for option, value in options.items():
-            if option == "target_spec":
-                for attribute, setting in value.items():
-                    setattr(converter.target_spec, attribute, setting)
-            else:
-                setattr(converter, option, value)
-        yield converter
-
-
-def convert(model: keras.Model, path: str | os.PathLike, mode: str, calibration: np.ndarray | None = None,
-            pixel_input: bool = True) -> Path:
-    """Writes `model` (taking [0, 255] pixels, batch 1; its own input with `pixel_input=False`) as a `.tflite`
-    file in `mode`, the int8 modes calibrated on `calibration` (inputs as the file takes them)."""
-    options = converter_options(mode, calibration)
-    with _converter(model, options, pixel_input) as converter:
-        if mode == "mixed_int8":
-            flatbuffer = _mixed_int8(converter, options["representative_dataset"])
-        elif mode == "int8":
-            flatbuffer = _full_int8(converter)
-        else:
-            flatbuffer = converter.convert()
-    Path(path).write_bytes(flatbuffer)
-    return Path(path)
-
-
-def _quantization_debugger() -> type | None:
-    """TensorFlow's `tf.lite.experimental.QuantizationDebugger`, or None where this TensorFlow has none."""
-    return getattr(getattr(tf.lite, "experimental", None), "QuantizationDebugger", None)
-
-
-def available_modes() -> tuple[str, ...]:
-    """The modes this TensorFlow can write: all of `ALL_MODES`, less `mixed_int8` where TensorFlow has no
-    quantization debugger (its selective quantization is how that mode is made)."""
-    return tuple(mode for mode in ALL_MODES if mode != "mixed_int8" or _quantization_debugger() is not None)
-
-
-@contextlib.contextmanager
-def _debugger(converter: tf.lite.TFLiteConverter, representative_dataset, purpose: str,
-              denylisted_ops: Sequence[str] = (), instead: str = "") -> Iterator[Any]:
-    """TensorFlow's quantization debugger on `converter` (its own deprecation warning silenced), or a RuntimeError
-    naming `purpose` (and what to do `instead`) where this TensorFlow has none."""
-    debugger_class = _quantization_debugger()
-    if debugger_class is None:
-        raise RuntimeError(f"{purpose} needs tf.lite.experimental.QuantizationDebugger, which TensorFlow "
-                           f"{tf.__version__} lacks. {instead}".strip())
-    options = tf.lite.experimental.QuantizationDebugOptions(denylisted_ops=list(denylisted_ops)) \
-        if denylisted_ops else None
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated")  # the debugger's own
-        yield debugger_class(converter=converter, debug_dataset=representative_dataset, debug_options=options)
-
-
-def _mixed_int8(converter: tf.lite.TFLiteConverter, representative_dataset) -> bytes:
-    """The calibrated model with only `MIXED_INT8_OPS` quantized (TensorFlow's selective quantization: every other
-    built-in op is on the quantization debugger's deny list), float32 at its ends."""
-    float_ops = sorted(name for name in _BUILTIN_NAMES.values() if name not in MIXED_INT8_OPS)
-    with _debugger(converter, representative_dataset, "mixed_int8", float_ops,
-                   instead="Write dynamic_int8 or int8 instead.") as debugger:
-        return debugger.get_nondebug_quantized_model()
-
-
-def _full_int8(converter: tf.lite.TFLiteConverter) -> bytes:
-    """Full integer, as `converter.convert()` writes it, except that the right operand of every attention product
-    (K in q k^T, V in A V) is quantized on a symmetric range, zero point 0: XNNPACK runs an int8 BATCH_MATMUL only
-    so, and otherwise the interpreter's own single-threaded kernel does (at ViT-B/16's shape about 20x slower than
-    XNNPACK's; benchmarks/RESULTS.md, run Q). Where this TensorFlow lacks the converter internals that split
-    calibration from quantization, the plain `convert()` (a warning says so)."""
-    try:
-        calibrated = _tf_internals.calibrated_tflite(converter)
-        return _tf_internals.quantize_calibrated(symmetric_matmul_operands(calibrated),
-                                                 converter.inference_input_type, converter.inference_output_type)
-    except _tf_internals.Unavailable as error:
-        warnings.warn(f"Writing int8 by TFLiteConverter.convert(): {error}. Its attention products will run "
-                      "outside XNNPACK, several times slower.", stacklevel=3)
-        return converter.convert()
-
-
-def symmetric_matmul_operands(calibrated: bytes) -> bytes:
-    """A calibrated `.tflite` model (float, each tensor's range in its `min` / `max`) with the range of the right
-    operand of every BATCH_MATMUL, and of every tensor tied to it by `SAME_SCALE_OPS`, widened to
-    [-128 a / 127, a] (a: the larger magnitude of the calibrated ends), which int8 quantizes with zero point 0.
-
-    Symmetric ranges cost at most one bit where the calibrated range was lopsided; the export's report measures
-    what that does to agreement with the Keras model."""
-    model = flatbuffer_utils.convert_bytearray_to_object(calibrated)
-    graph = model.subgraphs[0]
-
-    def name(op) -> str:
-        code = model.operatorCodes[op.opcodeIndex]
-        return _BUILTIN_NAMES.get(max(code.builtinCode, code.deprecatedBuiltinCode), "")
-
-    same_scale = [op for op in graph.operators if name(op) in SAME_SCALE_OPS]
-    tied = {int(op.inputs[1]) for op in graph.operators if name(op) == "BATCH_MATMUL"}
-    grown = True
-    while grown:  # the tensors joined to the operands through same-scale ops, in either direction
-        ends = [{int(op.inputs[0]), *map(int, op.outputs)} for op in same_scale]
-        joined = set().union(tied, *(tensors for tensors in ends if tensors & tied))
-        grown, tied = joined != tied, joined
-    for index in tied:
-        quantization = graph.tensors[index].quantization
-        if quantization is None or quantization.min is None or quantization.max is None:
-            continue
-        magnitude = np.maximum(np.abs(quantization.min), np.abs(quantization.max)).astype(np.float32)
-        quantization.min, quantization.max = -magnitude * np.float32(128 / 127), magnitude
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
-
-
 class _Op(NamedTuple):
     name: str  # the builtin name, or a custom op's code (e.g. "FlexErf")
     input_dtypes: list[str]
     builtin: bool
 
 
-_BUILTIN_NAMES = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
 _DTYPE_NAMES = {code: name.lower() for name, code in vars(schema.TensorType).items() if not name.startswith("_")}
 
 
@@ -285,24 +126,6 @@ def op_coverage(path: str | os.PathLike, interpreter: Interpreter) -> dict[str, 
     except Exception:  # A private method: gone or changed, the coverage is unknown; the export goes on.
         outside, partitions = None, None
     return {"ops_total": len(_ops(path)), "ops_outside_delegate": outside, "delegate_partitions": partitions}
-
-
-def sensitive_layers(model: keras.Model, calibration: np.ndarray, count: int = SENSITIVE_LAYERS) -> list[dict]:
-    """The `count` tensors that full int8 quantization of `model` perturbs most, largest first, by TensorFlow's
-    quantization debugger (the int8 converter, calibrated and run on `calibration`): `{"tensor", "op",
-    "rmse_over_scale"}`, the root mean square error of the tensor in units of its quantization step."""
-    options = converter_options("int8", calibration)
-    with _converter(model, options) as converter, \
-            _debugger(converter, options["representative_dataset"], "Naming the sensitive layers") as debugger:
-        debugger.run()
-        dump = io.StringIO()
-        debugger.layer_statistics_dump(dump)
-    layers = []
-    for row in csv.DictReader(io.StringIO(dump.getvalue())):
-        scale, error = float(row["scale"]), math.sqrt(float(row["mean_squared_error"]))
-        if scale > 0 and math.isfinite(error):
-            layers.append({"tensor": row["tensor_name"], "op": row["op_name"], "rmse_over_scale": error / scale})
-    return sorted(layers, key=lambda layer: -layer["rmse_over_scale"])[:count]
 
 
 class LiteRTClassifier:

@@ -16,7 +16,7 @@ from ai_edge_litert.tools import flatbuffer_utils
 
 from keras_vit import _tf_internals, datasets
 from keras_vit.cli import tflite as tflite_cli
-from keras_vit.export import data, tflite
+from keras_vit.export import data, tflite, tflite_conversion
 from tests.testing import TINY_VIT, randomize
 
 SIZE = (16, 16)
@@ -104,7 +104,7 @@ def test_int8_over_the_limit_is_refused_and_not_written(refused):
     assert not (out / "tiny_int8.tflite").exists() and partial_files(out) == []
     assert results["float32"]["file"] == "tiny_float32.tflite" and (out / "tiny_float32.tflite").exists()
     layers = int8["sensitive_layers"]
-    assert len(layers) == tflite.SENSITIVE_LAYERS and layers[0]["rmse_over_scale"] >= layers[-1]["rmse_over_scale"] > 0
+    assert len(layers) == tflite_conversion.SENSITIVE_LAYERS and layers[0]["rmse_over_scale"] >= layers[-1]["rmse_over_scale"] > 0
     assert "\n" not in message and message.startswith("Refused int8: top-1 drop of ")
     assert f"{int8['top1_drop']:.2f} points" in message and "over max_top1_drop=0" in message
     assert f"{layers[0]['tensor']} ({layers[0]['op']}, " in message
@@ -235,7 +235,7 @@ def graph_of(flatbuffer: bytes):
     model = flatbuffer_utils.convert_bytearray_to_object(flatbuffer)
     codes = [max(code.builtinCode, code.deprecatedBuiltinCode) for code in model.operatorCodes]
     graph = model.subgraphs[0]
-    return [tflite._BUILTIN_NAMES[codes[op.opcodeIndex]] for op in graph.operators], graph
+    return [tflite_conversion._BUILTIN_NAMES[codes[op.opcodeIndex]] for op in graph.operators], graph
 
 
 def quantization_of(flatbuffer: bytes) -> tuple[list[str], list]:
@@ -248,10 +248,10 @@ def quantization_of(flatbuffer: bytes) -> tuple[list[str], list]:
 
 def int8_halves(model, calibration) -> tuple[bytes, bytes]:
     """(the calibrated float model, the plain `convert()` full-int8 model) of `model`."""
-    options = tflite.converter_options("int8", calibration)
-    with tflite._converter(model, options) as converter:
+    options = tflite_conversion.converter_options("int8", calibration)
+    with tflite_conversion._converter(model, options) as converter:
         calibrated = _tf_internals.calibrated_tflite(converter)
-    with tflite._converter(model, options) as converter:
+    with tflite_conversion._converter(model, options) as converter:
         return calibrated, converter.convert()
 
 
@@ -289,12 +289,12 @@ def test_full_int8_in_two_halves_is_convert_but_for_the_symmetric_ranges():
     calibrated, plain = int8_halves(model, calibration)
     halves = _tf_internals.quantize_calibrated(calibrated, tf.uint8, tf.uint8)
     assert quantization_of(halves) == quantization_of(plain)
-    widened = tflite.symmetric_matmul_operands(calibrated)
+    widened = tflite_conversion.symmetric_matmul_operands(calibrated)
     names, graph = graph_of(calibrated)
     _, graph_after = graph_of(widened)
     right = {op.inputs[1] for name, op in zip(names, graph.operators) if name == "BATCH_MATMUL"}
     # Through the same-scale ops: each operand, the RESHAPE / TRANSPOSE it came from, and their projection.
-    tied = right | {op.inputs[0] for name, op in zip(names, graph.operators) if name in tflite.SAME_SCALE_OPS
+    tied = right | {op.inputs[0] for name, op in zip(names, graph.operators) if name in tflite_conversion.SAME_SCALE_OPS
                     and set(op.outputs) & right}
     changed = set()
     for index, (before, after) in enumerate(zip(graph.tensors, graph_after.tensors)):
@@ -307,8 +307,8 @@ def test_full_int8_in_two_halves_is_convert_but_for_the_symmetric_ranges():
             np.testing.assert_allclose(new_high, np.maximum(-low, high), rtol=1e-6)
             np.testing.assert_allclose(new_low, -new_high * 128 / 127, rtol=1e-6)
     assert tied <= changed and changed <= right | {i for name, op in zip(names, graph.operators)
-                                                    if name in tflite.SAME_SCALE_OPS for i in (*op.inputs, *op.outputs)}
-    assert quantization_of(tflite.symmetric_matmul_operands(widened)) == quantization_of(widened)  # idempotent
+                                                    if name in tflite_conversion.SAME_SCALE_OPS for i in (*op.inputs, *op.outputs)}
+    assert quantization_of(tflite_conversion.symmetric_matmul_operands(widened)) == quantization_of(widened)  # idempotent
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
