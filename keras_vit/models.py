@@ -23,6 +23,7 @@ from keras_vit import resnet
 from keras_vit import variants
 from keras_vit.checkpoints import loader as checkpoint_loader
 from keras_vit.checkpoints.reader import CheckpointFile
+from keras_vit.kernels.routed_layers import LayerNormalization
 from keras_vit.variants import CLASSIFIERS, ViTConfig  # noqa: F401  (CLASSIFIERS: the 0.2 name)
 
 POOLINGS = (*vit_layers.POOLINGS, "map")
@@ -377,13 +378,13 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
         x = vit_layers.ClassToken(name="cls")(x)
     x = keras.layers.Dropout(config.dropout_rate, name="dropout")(x)
     if config.norm_pre:
-        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="norm_pre")(x)
+        x = LayerNormalization(epsilon=config.layer_norm_epsilon, name="norm_pre")(x)
     block_arguments = config.arguments_of(vit_layers.TransformerBlock)
     for i in range(config.num_layers):
         rate = config.drop_path_rate * i / max(config.num_layers - 1, 1)  # rising linearly over the blocks
         x = vit_layers.TransformerBlock(**dict(block_arguments, drop_path_rate=rate), name=f"encoderblock_{i}")(x)
     if not config.fc_norm:
-        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="encoder_norm")(x)
+        x = LayerNormalization(epsilon=config.layer_norm_epsilon, name="encoder_norm")(x)
     if not include_top and pooling is None:
         return x
     tokens = x
@@ -395,7 +396,7 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
         skipped = config.num_prefix_tokens if config.num_register_tokens or config.fc_norm else 0
         x = vit_layers.TokenPooling(method, num_prefix_tokens=skipped, name="pool")(x)
     if config.fc_norm:
-        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="fc_norm")(x)
+        x = LayerNormalization(epsilon=config.layer_norm_epsilon, name="fc_norm")(x)
     if config.representation_size:
         x = keras.layers.Dense(config.representation_size, activation="tanh", name="pre_logits")(x)
     if not include_top:

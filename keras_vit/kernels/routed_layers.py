@@ -34,6 +34,13 @@ class LayerNorm(keras.layers.LayerNormalization):
 
 
 @_register
+class LayerNormalization(LayerNorm):
+    """`LayerNorm` under Keras' class name, for a model's own norms (`norm_pre`, `encoder_norm`, `fc_norm`):
+    Keras names a model's layers in weight files by their class, so these keep the entries that Keras'
+    LayerNormalization had in files of earlier releases."""
+
+
+@_register
 class Dense(keras.layers.Dense):
     """`keras.layers.Dense` (no activation) computed by `keras_vit.kernels.dense` on (rows, in).
 
