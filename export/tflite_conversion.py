@@ -20,7 +20,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 from ai_edge_litert import schema_py_generated as schema
-from ai_edge_litert.tools import flatbuffer_utils
 
 from keras_vit import _tf_internals
 
@@ -157,31 +156,34 @@ def _full_int8(converter: tf.lite.TFLiteConverter) -> bytes:
 def symmetric_matmul_operands(calibrated: bytes) -> bytes:
     """A calibrated `.tflite` model (float, each tensor's range in its `min` / `max`) with the range of the right
     operand of every BATCH_MATMUL, and of every tensor tied to it by `SAME_SCALE_OPS`, widened to
-    [-128 a / 127, a] (a: the larger magnitude of the calibrated ends), which int8 quantizes with zero point 0.
+    [-128 a / 127, a], which int8 quantizes with zero point 0; a = max(|min| 127 / 128, |max|), the smallest such
+    range that holds the calibrated one (so a range widened once stays as it is).
 
     Symmetric ranges cost at most one bit where the calibrated range was lopsided; the export's report measures
     what that does to agreement with the Keras model."""
-    model = flatbuffer_utils.convert_bytearray_to_object(calibrated)
-    graph = model.subgraphs[0]
+    buffer = bytearray(calibrated)  # edited in place: the ranges are float vectors of fixed length
+    model = schema.Model.GetRootAs(buffer, 0)
+    graph = model.Subgraphs(0)
+    ops = [graph.Operators(i) for i in range(graph.OperatorsLength())]
 
     def name(op) -> str:
-        code = model.operatorCodes[op.opcodeIndex]
-        return _BUILTIN_NAMES.get(max(code.builtinCode, code.deprecatedBuiltinCode), "")
+        code = model.OperatorCodes(op.OpcodeIndex())
+        return _BUILTIN_NAMES.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "")
 
-    same_scale = [op for op in graph.operators if name(op) in SAME_SCALE_OPS]
-    tied = {int(op.inputs[1]) for op in graph.operators if name(op) == "BATCH_MATMUL"}
+    same_scale = [{int(op.Inputs(0)), *map(int, op.OutputsAsNumpy())} for op in ops if name(op) in SAME_SCALE_OPS]
+    tied = {int(op.Inputs(1)) for op in ops if name(op) == "BATCH_MATMUL"}
     grown = True
     while grown:  # the tensors joined to the operands through same-scale ops, in either direction
-        ends = [{int(op.inputs[0]), *map(int, op.outputs)} for op in same_scale]
-        joined = set().union(tied, *(tensors for tensors in ends if tensors & tied))
+        joined = set().union(tied, *(ends for ends in same_scale if ends & tied))
         grown, tied = joined != tied, joined
     for index in tied:
-        quantization = graph.tensors[index].quantization
-        if quantization is None or quantization.min is None or quantization.max is None:
+        quantization = graph.Tensors(index).Quantization()
+        if quantization is None or not quantization.MinLength() or not quantization.MaxLength():
             continue
-        magnitude = np.maximum(np.abs(quantization.min), np.abs(quantization.max)).astype(np.float32)
-        quantization.min, quantization.max = -magnitude * np.float32(128 / 127), magnitude
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+        low, high = quantization.MinAsNumpy(), quantization.MaxAsNumpy()  # views into `buffer`
+        magnitude = np.maximum(np.abs(low) * np.float32(127 / 128), np.abs(high)).astype(np.float32)
+        low[:], high[:] = -magnitude * np.float32(128 / 127), magnitude
+    return bytes(buffer)
 
 
 def sensitive_layers(model: keras.Model, calibration: np.ndarray, count: int = SENSITIVE_LAYERS) -> list[dict]:

@@ -12,7 +12,7 @@ from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 import keras
 import keras_vit
-from ai_edge_litert.tools import flatbuffer_utils
+from ai_edge_litert import schema_py_generated as schema
 
 from keras_vit import _tf_internals, datasets
 from keras_vit.cli import tflite as tflite_cli
@@ -232,7 +232,7 @@ def test_without_a_quantization_debugger_mixed_int8_is_left_out_or_refused(tmp_p
 
 def graph_of(flatbuffer: bytes):
     """(op names, the main subgraph) of a `.tflite` flatbuffer, as objects."""
-    model = flatbuffer_utils.convert_bytearray_to_object(flatbuffer)
+    model = schema.ModelT.InitFromPackedBuf(flatbuffer, 0)
     codes = [max(code.builtinCode, code.deprecatedBuiltinCode) for code in model.operatorCodes]
     graph = model.subgraphs[0]
     return [tflite_conversion._BUILTIN_NAMES[codes[op.opcodeIndex]] for op in graph.operators], graph
@@ -244,6 +244,13 @@ def quantization_of(flatbuffer: bytes) -> tuple[list[str], list]:
     tensors = [(t.name, t.type, *((None, None) if t.quantization is None or t.quantization.scale is None else
                                   (list(t.quantization.scale), list(t.quantization.zeroPoint)))) for t in graph.tensors]
     return names, tensors
+
+
+def ranges_of(flatbuffer: bytes) -> dict[int, tuple[float, float]]:
+    """{tensor index: (min, max)} of the tensors of a calibrated `.tflite` flatbuffer that have a recorded range."""
+    _, graph = graph_of(flatbuffer)
+    return {index: (float(t.quantization.min[0]), float(t.quantization.max[0]))
+            for index, t in enumerate(graph.tensors) if t.quantization is not None and t.quantization.min is not None}
 
 
 def int8_halves(model, calibration) -> tuple[bytes, bytes]:
@@ -277,7 +284,7 @@ def test_full_int8_runs_every_attention_product_and_layer_norm_on_xnnpack(tmp_pa
     for tensor in right:
         low, high = ranges[tensor.name]
         assert list(tensor.quantization.zeroPoint) == [0], tensor.name
-        np.testing.assert_allclose(tensor.quantization.scale, [max(-low, high) / 127], rtol=1e-5)
+        np.testing.assert_allclose(tensor.quantization.scale, [max(-low * 127 / 128, high) / 127], rtol=1e-5)
     classifier = tflite.LiteRTClassifier(path)
     assert [d["dtype"] for d in (classifier.input, classifier.output)] == [np.uint8, np.uint8]
 
@@ -289,25 +296,20 @@ def test_full_int8_in_two_halves_is_convert_but_for_the_symmetric_ranges():
     halves = _tf_internals.quantize_calibrated(calibrated, tf.uint8, tf.uint8)
     assert quantization_of(halves) == quantization_of(plain)
     widened = tflite_conversion.symmetric_matmul_operands(calibrated)
+    before, after = ranges_of(calibrated), ranges_of(widened)
     names, graph = graph_of(calibrated)
-    _, graph_after = graph_of(widened)
+    same_scale = [op for name, op in zip(names, graph.operators) if name in tflite_conversion.SAME_SCALE_OPS]
     right = {op.inputs[1] for name, op in zip(names, graph.operators) if name == "BATCH_MATMUL"}
     # Through the same-scale ops: each operand, the RESHAPE / TRANSPOSE it came from, and their projection.
-    tied = right | {op.inputs[0] for name, op in zip(names, graph.operators) if name in tflite_conversion.SAME_SCALE_OPS
-                    and set(op.outputs) & right}
-    changed = set()
-    for index, (before, after) in enumerate(zip(graph.tensors, graph_after.tensors)):
-        if before.quantization is None or before.quantization.min is None:
-            continue
-        low, high = before.quantization.min, before.quantization.max
-        new_low, new_high = after.quantization.min, after.quantization.max
-        if (new_low, new_high) != (low, high):
-            changed.add(index)
-            np.testing.assert_allclose(new_high, np.maximum(-low, high), rtol=1e-6)
-            np.testing.assert_allclose(new_low, -new_high * 128 / 127, rtol=1e-6)
-    assert tied <= changed and changed <= right | {i for name, op in zip(names, graph.operators)
-                                                    if name in tflite_conversion.SAME_SCALE_OPS for i in (*op.inputs, *op.outputs)}
-    assert quantization_of(tflite_conversion.symmetric_matmul_operands(widened)) == quantization_of(widened)  # idempotent
+    tied = right | {op.inputs[0] for op in same_scale if set(op.outputs) & right}
+    changed = {index for index in before if after[index] != before[index]}
+    assert tied <= changed <= right | {index for op in same_scale for index in (*op.inputs, *op.outputs)}
+    for index in changed:
+        (low, high), (new_low, new_high) = before[index], after[index]
+        np.testing.assert_allclose(new_high, max(-low * 127 / 128, high), rtol=1e-6)
+        np.testing.assert_allclose(new_low, -new_high * 128 / 127, rtol=1e-6)
+        assert new_low <= low and high <= new_high
+    assert ranges_of(tflite_conversion.symmetric_matmul_operands(widened)) == after  # widened once, it stays
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
