@@ -4,17 +4,17 @@
 
 (`python -m export.tflite` in a clone; the command line is `keras_vit/cli/tflite.py`.)
 
-Modes: `float32`; `float16` (float16 weights); `dynamic_int8` (int8 weights, float activations);
-`mixed_int8` (int8 weights and calibrated int8 activations in every matmul and convolution, float32
-LayerNorm, softmax, GELU and attention products, float32 pixels in and probabilities out: every op on
-XNNPACK, the CPU mode); `int8` (full integer: every op int8, uint8 pixels in and uint8 probabilities out,
-for integer-only accelerators; K and V on symmetric ranges, so that XNNPACK runs the attention products). Both calibrated modes are calibrated on real images. All use TFLite built-in
-ops only. Each file is run with the LiteRT interpreter (`ai_edge_litert`) on held-out real images and
-compared with the Keras model; the report (`report.json`, `report.md`) gives size, latency at 1 and 2
-threads, the ops that run outside the interpreter's default delegate (XNNPACK), max abs difference, top-1
-agreement and, where the images have labels, top-1 accuracy. An int8 mode whose top-1 drop (100 x (1 -
-agreement), in points) is over `max_top1_drop` is not written: the report marks it refused, names the tensors
-that TensorFlow's quantization debugger finds most perturbed, and `export_tflite` raises `Top1DropError`.
+Modes: `float32`; `float16` (float16 weights); `dynamic_int8` (int8 weights, float activations); `mixed_int8` (int8
+weights and calibrated int8 activations in every matmul and convolution, float32 LayerNorm, softmax, GELU and
+attention products, float32 pixels in and probabilities out: every op on XNNPACK, the CPU mode); `int8` (full
+integer: every op int8, uint8 pixels in and uint8 probabilities out, for integer-only accelerators; K and V on
+symmetric ranges, so that XNNPACK runs the attention products). Both calibrated modes are calibrated on real images.
+All use TFLite built-in ops only. Each file is run with the LiteRT interpreter (`ai_edge_litert`) on held-out real
+images and compared with the Keras model; the report (`report.json`, `report.md`) gives size, latency at 1 and 2
+threads, the ops that run outside the interpreter's default delegate (XNNPACK), max abs difference, top-1 agreement
+and, where the images have labels, top-1 accuracy. An int8 mode whose top-1 drop (100 x (1 - agreement), in points)
+is over `max_top1_drop` is not written: the report marks it refused, names the tensors that TensorFlow's
+quantization debugger finds most perturbed, and `export_tflite` raises `Top1DropError`.
 
 How each mode is converted (the converter's settings, the int8 quantizations) is `export.tflite_conversion`.
 """

@@ -104,7 +104,8 @@ def test_int8_over_the_limit_is_refused_and_not_written(refused):
     assert not (out / "tiny_int8.tflite").exists() and partial_files(out) == []
     assert results["float32"]["file"] == "tiny_float32.tflite" and (out / "tiny_float32.tflite").exists()
     layers = int8["sensitive_layers"]
-    assert len(layers) == tflite_conversion.SENSITIVE_LAYERS and layers[0]["rmse_over_scale"] >= layers[-1]["rmse_over_scale"] > 0
+    assert len(layers) == tflite_conversion.SENSITIVE_LAYERS
+    assert layers[0]["rmse_over_scale"] >= layers[-1]["rmse_over_scale"] > 0
     assert "\n" not in message and message.startswith("Refused int8: top-1 drop of ")
     assert f"{int8['top1_drop']:.2f} points" in message and "over max_top1_drop=0" in message
     assert f"{layers[0]['tensor']} ({layers[0]['op']}, " in message
