@@ -63,6 +63,24 @@ def test_worker_times_a_quick_case_in_this_process(capsys):
     assert len(result["latencies"]) == case.iters and min(result["latencies"]) > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_worker_gives_keras_its_input_on_the_device_as_timm_has_it(accelerator, monkeypatch, capsys):
+    # On a GPU the Keras models took a host array, copied to the device in every timed step, and timm a CUDA
+    # tensor (RESULTS.md run R): the inference input is now converted once where Keras computes on an accelerator.
+    import keras
+    assert worker._keras_on_accelerator(keras) is False  # this machine: CPU only
+    monkeypatch.setattr(worker, "_keras_on_accelerator", lambda keras: accelerator)
+    seen = []
+    predict = keras.Model.predict_on_batch
+    monkeypatch.setattr(keras.Model, "predict_on_batch", lambda self, x: seen.append(type(x)) or predict(self, x))
+    case = next(case for case in cases.cases(quick=True) if case.name == "infer_fp32_bs16")
+    worker.main(["keras_vit", "2", json.dumps(case.to_dict())])
+    assert worker.RESULT_PREFIX in capsys.readouterr().out
+    assert len(seen) == case.warmup + case.iters and len(set(seen)) == 1
+    assert (seen[0] is np.ndarray) is not accelerator, seen[0]
+
+
 def test_forward_flops_count_every_matmul_of_the_tiny_model():
     # 32 px at patch 8: 16 patches + the class token; width 32, MLP 64, 2 blocks, 10 classes.
     tokens, d, m = 17, 32, 64
