@@ -39,7 +39,8 @@ from ai_edge_litert.interpreter import Interpreter
 from keras_vit import datasets
 
 from . import ALL_MODES, data, model_io
-from .tflite_conversion import MIXED_INT8_OPS, _BUILTIN_NAMES, available_modes, convert, sensitive_layers
+from .tflite_conversion import (MIXED_INT8_OPS, _BUILTIN_NAMES, available_modes, builtin_code, convert,
+                                sensitive_layers)
 
 # Max abs difference of the probabilities allowed per mode; the int8 modes are held to `max_top1_drop` instead.
 MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
@@ -72,8 +73,7 @@ def _ops(path: str | os.PathLike) -> list[_Op]:
     for i in range(graph.OperatorsLength()):
         op = graph.Operators(i)
         code = model.OperatorCodes(op.OpcodeIndex())
-        # Codes over 127 are in `BuiltinCode` only; `DeprecatedBuiltinCode` holds the older ones.
-        builtin = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+        builtin = builtin_code(code)
         custom = builtin == schema.BuiltinOperator.CUSTOM
         name = code.CustomCode().decode() if custom else _BUILTIN_NAMES.get(builtin, str(builtin))
         inputs = [_DTYPE_NAMES[graph.Tensors(t).Type()] for t in op.InputsAsNumpy() if t >= 0]

@@ -33,6 +33,12 @@ SAME_SCALE_OPS = ("RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS", "UNPACK", "S
 _BUILTIN_NAMES = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
 
 
+def builtin_code(operator_code) -> int:
+    """The builtin op of a flatbuffer `OperatorCode`: codes over 127 are in `BuiltinCode` only;
+    `DeprecatedBuiltinCode` holds the older ones."""
+    return max(operator_code.BuiltinCode(), operator_code.DeprecatedBuiltinCode())
+
+
 def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[str, Any]:
     """TFLiteConverter settings for `mode`: attributes, and `target_spec` attributes."""
     builtins = {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]}
@@ -167,8 +173,7 @@ def symmetric_matmul_operands(calibrated: bytes) -> bytes:
     ops = [graph.Operators(i) for i in range(graph.OperatorsLength())]
 
     def name(op) -> str:
-        code = model.OperatorCodes(op.OpcodeIndex())
-        return _BUILTIN_NAMES.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "")
+        return _BUILTIN_NAMES.get(builtin_code(model.OperatorCodes(op.OpcodeIndex())), "")
 
     same_scale = [{int(op.Inputs(0)), *map(int, op.OutputsAsNumpy())} for op in ops if name(op) in SAME_SCALE_OPS]
     tied = {int(op.Inputs(1)) for op in ops if name(op) == "BATCH_MATMUL"}
