@@ -1,11 +1,11 @@
 """LiteRT latency of keras_vit against keras-hub's ViT, per export mode, side by side in one run.
 
     python -m benchmarks.litert [--archs Ti/16,B/16] [--impls keras_vit,keras_hub]
-                                [--modes float32,dynamic_int8,mixed_int8,int8] [--rounds 5] [--images 4]
+                                [--modes float32,dynamic_int8,mixed_int8,int8,int8_cpu] [--rounds 5] [--images 4]
 
 Both models are built from `benchmarks.cases.ARCHS` with random weights (keras_vit's zero-initialised head drawn
 like keras-hub's) and converted alike: Keras' ExportArchive, then TensorFlow's converter with the settings of
-`keras_vit.export.tflite` (`mixed_int8` by its selective quantization), the two int8 modes calibrated on the
+`keras_vit.export.tflite` (`mixed_int8` by its selective quantization), the calibrated int8 modes calibrated on the
 same 16 photo crops. Each file runs in LiteRT's interpreter with its default delegate (XNNPACK) at 1 and 2
 threads; the timed images are interleaved over `--rounds` rounds (every file and thread count in each round), and
 the median of all per-image times is reported, with the ops outside XNNPACK.
@@ -37,7 +37,7 @@ from benchmarks import worker  # noqa: E402
 from benchmarks.cases import ARCHS  # noqa: E402
 from keras_vit.export import data, tflite  # noqa: E402
 
-MODES = ("float32", "dynamic_int8", "mixed_int8", "int8")
+MODES = ("float32", "dynamic_int8", "mixed_int8", "int8", "int8_cpu")
 CALIBRATION, CHECK = 16, 32  # photo crops that calibrate the int8 modes, and others that check every file
 
 

@@ -5,9 +5,10 @@
 Each case is a tf.function of one op (or one LayerNorm) converted to full int8 (int8 in and out) as
 `keras_vit.export.tflite_conversion` converts the `int8` mode, calibrated on 8 standard-normal draws: "plain" by
 `TFLiteConverter.convert()`, "keras_vit" with the right operand of each BATCH_MATMUL on a symmetric range (zero
-point 0). Each file runs in LiteRT's interpreter with its default delegate (XNNPACK); the table gives the median
-of `--runs` invokes at 1 and 2 threads, and the ops that ran outside XNNPACK. This is how the full-int8 file's time
-was taken apart (issue 35): the ops outside run in the interpreter's own kernels, on one thread.
+point 0), "int8_cpu" as that mode writes it (softmax and GELU in float32, between a DEQUANTIZE and a QUANTIZE).
+Each file runs in LiteRT's interpreter with its default delegate (XNNPACK); the table gives the median of `--runs`
+invokes at 1 and 2 threads, and the ops that ran outside XNNPACK. This is how the full-int8 file's time was taken
+apart (issue 35): the ops outside run in the interpreter's own kernels, on one thread.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def cases(tokens: int, width: int, heads: int) -> list[tuple[str, str, object, l
             return centered * tf.math.rsqrt(variance + 1e-6) * gamma + beta
         return normed
 
+    def gelu(x):
+        return tf.nn.gelu(x, approximate=True)
+
     def q_kt(q, k):
         return tf.matmul(q, k, transpose_b=True)
 
@@ -54,7 +58,9 @@ def cases(tokens: int, width: int, heads: int) -> list[tuple[str, str, object, l
         ("LayerNorm, square(x - mean)", "plain", layer_norm(tf.square), [(1, tokens, width)]),
         ("LayerNorm, (x - mean)(x - mean)", "plain", layer_norm(lambda c: c * c), [(1, tokens, width)]),
         ("softmax", "plain", tf.nn.softmax, [scores]),
-        ("GELU (tanh)", "plain", lambda x: tf.nn.gelu(x, approximate=True), [(1, tokens, 4 * width)]),
+        ("softmax", "int8_cpu", tf.nn.softmax, [scores]),
+        ("GELU (tanh)", "plain", gelu, [(1, tokens, 4 * width)]),
+        ("GELU (tanh)", "int8_cpu", gelu, [(1, tokens, 4 * width)]),
         ("dense, width -> 4 x width (FULLY_CONNECTED)", "plain",
          lambda x: tf.matmul(tf.reshape(x, (tokens, width)), kernel), [(1, tokens, width)]),
     ]
@@ -70,7 +76,9 @@ def convert(function, shapes: list[tuple[int, ...]], conversion: str) -> bytes:
                                                 for _ in range(8))
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     converter.inference_input_type = converter.inference_output_type = tf.int8
-    return tflite_conversion._full_int8(converter) if conversion == "keras_vit" else converter.convert()
+    if conversion == "plain":
+        return converter.convert()
+    return tflite_conversion._full_int8(converter, "int8_cpu" if conversion == "int8_cpu" else "int8")
 
 
 def time_file(path: Path, threads: int, runs: int) -> tuple[float, dict[str, int]]:

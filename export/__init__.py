@@ -20,7 +20,7 @@ from keras_vit._backend import require_tensorflow_backend
 
 require_tensorflow_backend("keras_vit.export")
 
-ALL_MODES = ("float32", "float16", "dynamic_int8", "mixed_int8", "int8")
+ALL_MODES = ("float32", "float16", "dynamic_int8", "mixed_int8", "int8", "int8_cpu")
 
 
 def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os.PathLike, *,

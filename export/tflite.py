@@ -1,4 +1,4 @@
-"""Exports a keras_vit classifier to LiteRT (`.tflite`) in five modes and checks each one.
+"""Exports a keras_vit classifier to LiteRT (`.tflite`) in six modes and checks each one.
 
     keras-vit-tflite --model vit.keras --out exports/tflite [--images DIR | --dataset digits] [--max-top1-drop 1]
 
@@ -8,7 +8,9 @@ Modes: `float32`; `float16` (float16 weights); `dynamic_int8` (int8 weights, flo
 weights and calibrated int8 activations in every matmul and convolution, float32 LayerNorm, softmax, GELU and
 attention products, float32 pixels in and probabilities out: every op on XNNPACK, the CPU mode); `int8` (full
 integer: every op int8, uint8 pixels in and uint8 probabilities out, for integer-only accelerators; K and V on
-symmetric ranges, so that XNNPACK runs the attention products). Both calibrated modes are calibrated on real images.
+symmetric ranges, so that XNNPACK runs the attention products); `int8_cpu` (`int8` with its softmax and GELU in
+float32, which XNNPACK runs, as LiteRT's int8 ones run single-threaded outside it: the fastest CPU mode). The
+calibrated modes are calibrated on real images.
 All use TFLite built-in ops only. Each file is run with the LiteRT interpreter (`ai_edge_litert`) on held-out real
 images and compared with the Keras model; the report (`report.json`, `report.md`) gives size, latency at 1 and 2
 threads, the ops that run outside the interpreter's default delegate (XNNPACK), max abs difference, top-1 agreement
@@ -39,12 +41,12 @@ from ai_edge_litert.interpreter import Interpreter
 from keras_vit import datasets
 
 from . import ALL_MODES, data, model_io
-from .tflite_conversion import (MIXED_INT8_OPS, _BUILTIN_NAMES, available_modes, builtin_code, convert,
-                                sensitive_layers)
+from .tflite_conversion import (INT8_CPU_FLOAT_OPS, MIXED_INT8_OPS, _BUILTIN_NAMES, available_modes, builtin_code,
+                                convert, sensitive_layers)
 
 # Max abs difference of the probabilities allowed per mode; the int8 modes are held to `max_top1_drop` instead.
 MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
-INT8_MODES = ("dynamic_int8", "mixed_int8", "int8")
+INT8_MODES = ("dynamic_int8", "mixed_int8", "int8", "int8_cpu")
 DEFAULT_MAX_TOP1_DROP = 1.0  # points of top-1 agreement with the Keras model an int8 mode may lose
 
 
@@ -273,7 +275,7 @@ def _export_mode(model: keras.Model, out: Path, mode: str, calibration: np.ndarr
     result["file"] = None if result["refused"] else final.name
     if result["refused"]:
         try:
-            result["sensitive_layers"] = sensitive_layers(model, calibration)
+            result["sensitive_layers"] = sensitive_layers(model, calibration, mode=mode)
         except Exception as error:  # A diagnosis only: its failure must not hide the refusal.
             result["sensitive_layers_error"] = f"{type(error).__name__}: {' '.join(str(error).split())}"
     return result
@@ -294,7 +296,8 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
         dataset: "digits", "photos" or a directory of images, used when `images` is None.
         modes: the modes to write. Defaults to `available_modes()`: all of `ALL_MODES` (less `mixed_int8`, with
             a warning, where TensorFlow has no quantization debugger).
-        calibration_count, evaluation_count: images used to calibrate mixed_int8 and int8, and to evaluate.
+        calibration_count, evaluation_count: images used to calibrate mixed_int8, int8 and int8_cpu, and to
+            evaluate.
         max_top1_drop: float. The most top-1 agreement with the Keras model, in points (100 x (1 - agreement)),
             that an int8 mode may lose on the evaluation images. Defaults to `DEFAULT_MAX_TOP1_DROP` (1.0).
 
@@ -357,8 +360,8 @@ def markdown_report(report: dict[str, Any]) -> str:
     """The report as a Markdown table."""
     accuracy = report.get("keras_top1_accuracy") is not None
     lines = [f"# TFLite export of `{report['model']}` ({report['input_size'][0]}x{report['input_size'][1]})", "",
-             f"Compared with the Keras model on {report['modes'][0]['images']} held-out images; mixed_int8 and int8 "
-             f"calibrated on {report['calibration_images']} others. Latency: median per image with the LiteRT "
+             f"Compared with the Keras model on {report['modes'][0]['images']} held-out images; mixed_int8, int8 and "
+             f"int8_cpu calibrated on {report['calibration_images']} others. Latency: median per image with the LiteRT "
              f"interpreter's default delegate (XNNPACK), 1 thread over every image, 2 threads over the first "
              f"{LATENCY_IMAGES}. Outside XNNPACK: the ops that the interpreter runs itself, and the number of "
              "XNNPACK partitions.", "",
@@ -388,6 +391,9 @@ def markdown_report(report: dict[str, Any]) -> str:
             lines.append(f"Full int8 keeps these built-in ops in float32: {', '.join(r['float_ops'])}.")
         if r["mode"] == "mixed_int8":
             lines.append(f"mixed_int8 runs {', '.join(MIXED_INT8_OPS)} in int8 and every other op in float32.")
+        if r["mode"] == "int8_cpu":
+            lines.append(f"int8_cpu runs {', '.join(INT8_CPU_FLOAT_OPS)} in float32 (on XNNPACK) and every other op "
+                         "in int8.")
         if r["refused"]:
             lines.append(f"Refused {_refusal(r, report['thresholds']['max_top1_drop'])}.")
     return "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
-"""How `keras-vit-tflite` writes each LiteRT mode: the converter's settings, the two calibrated int8 quantizations
-(`mixed_int8` by TensorFlow's selective quantization, full `int8` with K and V on symmetric ranges), and the
-quantization debugger's ranking of the tensors int8 perturbs most. `export.tflite` checks and reports the files.
+"""How `keras-vit-tflite` writes each LiteRT mode: the converter's settings, the calibrated int8 quantizations
+(`mixed_int8` by TensorFlow's selective quantization; full `int8`, and `int8_cpu` with its softmax and GELU in
+float32, both with K and V on symmetric ranges), and the quantization debugger's ranking of the tensors int8
+perturbs most. `export.tflite` checks and reports the files.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from . import ALL_MODES, model_io
 
 # The ops that mixed_int8 runs in int8 (XNNPACK's int8 kernels); it keeps every other op in float32.
 MIXED_INT8_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D")
+# The ops that int8_cpu keeps in float32: LiteRT's int8 kernels for them are the interpreter's own, on one thread
+# (at ViT-Ti/16's shape its int8 softmax costs about 5x XNNPACK's float32 one, with the (de)quantize beside it:
+# benchmarks/RESULTS.md, run S); XNNPACK runs them, and the DEQUANTIZE and QUANTIZE around them, in float32.
+INT8_CPU_FLOAT_OPS = ("SOFTMAX", "GELU")
 SENSITIVE_LAYERS = 3  # tensors named when a mode is refused
 # Ops whose int8 output shares its input's scale and zero point: a range set on one end holds for the other.
 SAME_SCALE_OPS = ("RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS", "UNPACK", "SPLIT", "SLICE", "STRIDED_SLICE")
@@ -49,7 +54,7 @@ def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[
                 "target_spec": {**builtins, "supported_types": [tf.float16]}}
     if mode == "dynamic_int8":
         return {"optimizations": [tf.lite.Optimize.DEFAULT], "target_spec": builtins}
-    if mode in ("mixed_int8", "int8"):
+    if mode in ("mixed_int8", "int8", "int8_cpu"):
         if calibration is None or not len(calibration):
             raise ValueError(f"{mode} quantization needs calibration images. Received none.")
 
@@ -99,8 +104,8 @@ def convert(model: keras.Model, path: str | os.PathLike, mode: str, calibration:
     with _converter(model, options, pixel_input) as converter:
         if mode == "mixed_int8":
             flatbuffer = _mixed_int8(converter, options["representative_dataset"])
-        elif mode == "int8":
-            flatbuffer = _full_int8(converter)
+        elif mode in ("int8", "int8_cpu"):
+            flatbuffer = _full_int8(converter, mode)
         else:
             flatbuffer = converter.convert()
     Path(path).write_bytes(flatbuffer)
@@ -143,19 +148,22 @@ def _mixed_int8(converter: tf.lite.TFLiteConverter, representative_dataset) -> b
         return debugger.get_nondebug_quantized_model()
 
 
-def _full_int8(converter: tf.lite.TFLiteConverter) -> bytes:
-    """Full integer, as `converter.convert()` writes it, except that the right operand of every attention product
-    (K in q k^T, V in A V) is quantized on a symmetric range, zero point 0: XNNPACK runs an int8 BATCH_MATMUL only
-    so, and otherwise the interpreter's own single-threaded kernel does (at ViT-B/16's shape about 20x slower than
-    XNNPACK's; benchmarks/RESULTS.md, run Q). Where this TensorFlow lacks the converter internals that split
-    calibration from quantization, the plain `convert()` (a warning says so)."""
+def _full_int8(converter: tf.lite.TFLiteConverter, mode: str = "int8") -> bytes:
+    """Full integer (`int8`), as `converter.convert()` writes it, except that the right operand of every attention
+    product (K in q k^T, V in A V) is quantized on a symmetric range, zero point 0: XNNPACK runs an int8
+    BATCH_MATMUL only so, and otherwise the interpreter's own single-threaded kernel does (at ViT-B/16's shape
+    about 20x slower than XNNPACK's; benchmarks/RESULTS.md, run Q). `int8_cpu` also keeps `INT8_CPU_FLOAT_OPS` in
+    float32. Where this TensorFlow lacks the converter internals that split calibration from quantization, the
+    plain `convert()`, every op int8 (a warning says so)."""
+    float_ops = INT8_CPU_FLOAT_OPS if mode == "int8_cpu" else ()
     try:
         calibrated = _tf_internals.calibrated_tflite(converter)
-        return _tf_internals.quantize_calibrated(symmetric_matmul_operands(calibrated),
-                                                 converter.inference_input_type, converter.inference_output_type)
+        return _tf_internals.quantize_calibrated(symmetric_matmul_operands(calibrated), converter.inference_input_type,
+                                                 converter.inference_output_type, float_ops)
     except _tf_internals.Unavailable as error:
-        warnings.warn(f"Writing int8 by TFLiteConverter.convert(): {error}. Its attention products will run "
-                      "outside XNNPACK, several times slower.", stacklevel=3)
+        warnings.warn(f"Writing {mode} by TFLiteConverter.convert(): {error}. Its attention products"
+                      + (f" and {', '.join(float_ops)} (int8 here)" if float_ops else "")
+                      + " will run outside XNNPACK, several times slower.", stacklevel=3)
         return converter.convert()
 
 
@@ -191,13 +199,17 @@ def symmetric_matmul_operands(calibrated: bytes) -> bytes:
     return bytes(buffer)
 
 
-def sensitive_layers(model: keras.Model, calibration: np.ndarray, count: int = SENSITIVE_LAYERS) -> list[dict]:
+def sensitive_layers(model: keras.Model, calibration: np.ndarray, count: int = SENSITIVE_LAYERS,
+                     mode: str = "int8") -> list[dict]:
     """The `count` tensors that full int8 quantization of `model` perturbs most, largest first, by TensorFlow's
-    quantization debugger (the int8 converter, calibrated and run on `calibration`): `{"tensor", "op",
-    "rmse_over_scale"}`, the root mean square error of the tensor in units of its quantization step."""
+    quantization debugger (the int8 converter, calibrated and run on `calibration`; for `mode="int8_cpu"` with
+    `INT8_CPU_FLOAT_OPS` in float32): `{"tensor", "op", "rmse_over_scale"}`, the root mean square error of the
+    tensor in units of its quantization step."""
     options = converter_options("int8", calibration)
+    float_ops = INT8_CPU_FLOAT_OPS if mode == "int8_cpu" else ()
     with _converter(model, options) as converter, \
-            _debugger(converter, options["representative_dataset"], "Naming the sensitive layers") as debugger:
+            _debugger(converter, options["representative_dataset"], "Naming the sensitive layers",
+                      float_ops) as debugger:
         debugger.run()
         dump = io.StringIO()
         debugger.layer_statistics_dump(dump)

@@ -3,11 +3,13 @@
 TensorFlow has no public API for these, and a release may move or change them. Each function
 here either works or raises `Unavailable`, and `keras_vit.kernels` then turns off the one
 fast kernel that needed it (the portable ops compute the same result); `export.tflite` writes
-its full-int8 file by the converter's plain `convert()` (the same ops, its attention products
+its full-int8 files by the converter's plain `convert()` (every op int8, its attention products
 outside XNNPACK). Nothing else in keras_vit imports from `tensorflow.python` or `tensorflow.core`.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 
 class Unavailable(RuntimeError):
@@ -71,11 +73,13 @@ def calibrated_tflite(converter) -> bytes:
         converter._experimental_calibrate_only = False
 
 
-def quantize_calibrated(calibrated: bytes, input_type, output_type) -> bytes:
+def quantize_calibrated(calibrated: bytes, input_type, output_type, float_ops: Sequence[str] = ()) -> bytes:
     """The calibrated model (`calibrated_tflite`) quantized by the converter's own MLIR quantizer, as `convert()`
-    does with `inference_input_type=input_type` and `inference_output_type=output_type`: the second half."""
+    does with `inference_input_type=input_type` and `inference_output_type=output_type`: the second half. The
+    built-in ops named in `float_ops` (e.g. "SOFTMAX") stay float32, between a DEQUANTIZE and a QUANTIZE."""
     try:
         from tensorflow.lite.python import convert
-        return convert.mlir_quantize(bytes(calibrated), input_data_type=input_type, output_data_type=output_type)
+        return convert.mlir_quantize(bytes(calibrated), input_data_type=input_type, output_data_type=output_type,
+                                     denylisted_ops=list(float_ops) or None)
     except (ImportError, AttributeError, TypeError) as error:
         raise Unavailable(f"tensorflow.lite.python.convert.mlir_quantize: {error}") from error

@@ -16,7 +16,7 @@ from ai_edge_litert import schema_py_generated as schema
 
 from keras_vit import _tf_internals, datasets
 from keras_vit.cli import tflite as tflite_cli
-from keras_vit.export import data, tflite, tflite_conversion
+from keras_vit.export import data, model_io, tflite, tflite_conversion
 from tests.testing import TINY_VIT, randomize
 
 SIZE = (16, 16)
@@ -213,12 +213,12 @@ def test_without_a_quantization_debugger_mixed_int8_is_left_out_or_refused(tmp_p
     """`mixed_int8` is made by the quantization debugger's selective quantization (`tf.lite.experimental`)."""
     assert tflite.available_modes() == tflite.ALL_MODES
     monkeypatch.delattr(tf.lite.experimental, "QuantizationDebugger")
-    assert tflite.available_modes() == ("float32", "float16", "dynamic_int8", "int8")
+    assert tflite.available_modes() == ("float32", "float16", "dynamic_int8", "int8", "int8_cpu")
     with pytest.raises(ValueError, match=rf"TensorFlow {tf.__version__} cannot write \['mixed_int8'\]: mixed_int8 "
                                          r"needs tf.lite.experimental.QuantizationDebugger\."):
         tflite.export_tflite(tiny_model(), tmp_path, modes=("float32", "mixed_int8"))
     # By default the other modes are written, with a warning (here the images are refused right after it).
-    with pytest.warns(UserWarning, match="Writing float32, float16, dynamic_int8, int8: mixed_int8 needs"), \
+    with pytest.warns(UserWarning, match="Writing float32, float16, dynamic_int8, int8, int8_cpu: mixed_int8 needs"), \
             pytest.raises(ValueError, match="Expected images of shape"):
         tflite.export_tflite(tiny_model(), tmp_path, images=np.zeros((4, 8, 8, 3)))
     calibration = np.zeros((2, *SIZE, 3), np.float32)
@@ -291,6 +291,49 @@ def test_full_int8_runs_every_attention_product_and_layer_norm_on_xnnpack(tmp_pa
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
+def test_int8_cpu_is_int8_with_softmax_and_gelu_in_float32_on_xnnpack(tmp_path):
+    model, calibration = tiny_model(), data.digits(SIZE)[:20]
+    int8 = tflite.convert(model, tmp_path / "int8.tflite", "int8", calibration)
+    path = tflite.convert(model, tmp_path / "int8_cpu.tflite", "int8_cpu", calibration)
+    interpreter = Interpreter(model_path=str(path))
+    interpreter.allocate_tensors()
+    outside, _ = tflite.outside_delegates(interpreter)
+    assert not {"SOFTMAX", "GELU", "BATCH_MATMUL", "DEQUANTIZE"} & set(outside), outside
+    assert tflite.float_ops(path) == ["GELU", "SOFTMAX"]
+    names, graph = graph_of(path.read_bytes())
+    int8_names, int8_graph = graph_of(int8.read_bytes())
+    # The int8 file's ops, and one DEQUANTIZE and one QUANTIZE around each softmax and GELU of the 2 blocks and
+    # around the head's softmax.
+    assert collections.Counter(names) - collections.Counter(int8_names) == {"DEQUANTIZE": 5, "QUANTIZE": 5}
+    for name, op in zip(names, graph.operators):
+        if name in ("SOFTMAX", "GELU"):
+            assert graph.tensors[op.inputs[0]].type == graph.tensors[op.outputs[0]].type == schema.TensorType.FLOAT32
+        elif name not in ("DEQUANTIZE", "QUANTIZE"):  # every other op int8 (or uint8 at the ends), as in int8
+            assert {graph.tensors[index].type for index in op.inputs if index >= 0} <= {
+                schema.TensorType.INT8, schema.TensorType.UINT8, schema.TensorType.INT32}, name
+    # K and V on symmetric ranges, as in int8.
+    right = [graph.tensors[op.inputs[1]] for name, op in zip(names, graph.operators) if name == "BATCH_MATMUL"]
+    assert len(right) == 4 and all(list(tensor.quantization.zeroPoint) == [0] for tensor in right)
+    classifier = tflite.LiteRTClassifier(path)
+    assert [d["dtype"] for d in (classifier.input, classifier.output)] == [np.uint8, np.uint8]
+    # Its probabilities agree with the Keras model's at least as closely as int8's, within int8's step (1/256).
+    images = data.digits(SIZE)[20:60]
+    reference = model_io.with_pixel_input(model).predict(images, verbose=0)
+    errors = {mode: np.abs(np.stack([tflite.LiteRTClassifier(file)(image) for image in images]) - reference).max()
+              for mode, file in (("int8", int8), ("int8_cpu", path))}
+    assert errors["int8_cpu"] <= errors["int8"] + 1 / 256, errors
+
+
+@pytest.mark.slow  # runs the quantization debugger twice
+def test_int8_cpu_sensitive_layers_rank_only_what_it_quantizes():
+    model, calibration = tiny_model(), data.digits(SIZE)[:20]
+    ranked = {mode: {layer["op"] for layer in tflite.sensitive_layers(model, calibration, count=1000, mode=mode)}
+              for mode in ("int8", "int8_cpu")}
+    assert {"SOFTMAX", "GELU"} <= ranked["int8"]
+    assert ranked["int8_cpu"] == ranked["int8"] - {"SOFTMAX", "GELU"}
+
+
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
 def test_full_int8_in_two_halves_is_convert_but_for_the_symmetric_ranges():
     model, calibration = tiny_model(), data.digits(SIZE)[:20]
     calibrated, plain = int8_halves(model, calibration)
@@ -314,16 +357,19 @@ def test_full_int8_in_two_halves_is_convert_but_for_the_symmetric_ranges():
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
-def test_full_int8_without_the_converter_internals_is_plain_convert(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode, what", [("int8", "attention products"),
+                                        ("int8_cpu", "attention products and SOFTMAX, GELU \\(int8 here\\)")],
+                         ids=["int8", "int8_cpu"])
+def test_full_int8_without_the_converter_internals_is_plain_convert(tmp_path, monkeypatch, mode, what):
     def unavailable(converter):
         raise _tf_internals.Unavailable("forced by the test")
 
     model, calibration = tiny_model(), data.digits(SIZE)[:20]
     _, plain = int8_halves(model, calibration)
     monkeypatch.setattr(_tf_internals, "calibrated_tflite", unavailable)
-    with pytest.warns(UserWarning, match=r"Writing int8 by TFLiteConverter\.convert\(\): forced by the test\. Its "
-                                         r"attention products will run outside XNNPACK, several times slower\."):
-        path = tflite.convert(model, tmp_path / "int8.tflite", "int8", calibration)
+    with pytest.warns(UserWarning, match=rf"Writing {mode} by TFLiteConverter\.convert\(\): forced by the test\. "
+                                         rf"Its {what} will run outside XNNPACK, several times slower\."):
+        path = tflite.convert(model, tmp_path / f"{mode}.tflite", mode, calibration)
     assert quantization_of(path.read_bytes()) == quantization_of(plain)
     interpreter = Interpreter(model_path=str(path))
     interpreter.allocate_tensors()

@@ -1,4 +1,4 @@
-"""keras-vit-tflite: a keras_vit classifier as LiteRT (`.tflite`) files in five modes, each checked
+"""keras-vit-tflite: a keras_vit classifier as LiteRT (`.tflite`) files in six modes, each checked
 against the Keras model on real images; prints the report. An int8 mode that loses more than
 --max-top1-drop points of top-1 agreement is not written, and the command exits with one line that
 names it, its drop, the limit and its most sensitive layers.
@@ -16,7 +16,7 @@ from keras_vit.cli import common
 
 # keras_vit.export's ALL_MODES, data.DATASETS and tflite.DEFAULT_MAX_TOP1_DROP, spelled here so that --help
 # needs no TensorFlow (tests check that they agree).
-MODES = ("float32", "float16", "dynamic_int8", "mixed_int8", "int8")
+MODES = ("float32", "float16", "dynamic_int8", "mixed_int8", "int8", "int8_cpu")
 DATASETS = ("digits", "photos")
 DEFAULT_MAX_TOP1_DROP = 1.0
 
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="the modes to write (default: all that this TensorFlow can write)")
     parser.add_argument("--max-top1-drop", type=float, default=DEFAULT_MAX_TOP1_DROP, metavar="POINTS",
                         help="the most top-1 agreement with the Keras model, in percentage points, that an int8 "
-                             "mode (dynamic_int8, mixed_int8, int8) may lose; past it the file is not written "
+                             "mode (dynamic_int8, mixed_int8, int8, int8_cpu) may lose; past it the file is not written "
                              f"(default: {DEFAULT_MAX_TOP1_DROP:g})")
     return parser
 
