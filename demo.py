@@ -35,7 +35,7 @@ def train_demo(workdir: str) -> str:
 
 
 def export_and_inspect(model_path: str, workdir: str) -> None:
-    """Exports the trained model (SavedModel + four TFLite modes, with the report) and writes the
+    """Exports the trained model (SavedModel + every TFLite mode, with the report) and writes the
     four inspection figures for held-out digits."""
     model = keras.saving.load_model(model_path, compile=False)
     exports = export_all(model, os.path.join(workdir, "exports"), dataset="digits",
