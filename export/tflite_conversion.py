@@ -144,7 +144,7 @@ def _mixed_int8(converter: tf.lite.TFLiteConverter, representative_dataset) -> b
     built-in op is on the quantization debugger's deny list), float32 at its ends."""
     float_ops = sorted(name for name in _BUILTIN_NAMES.values() if name not in MIXED_INT8_OPS)
     with _debugger(converter, representative_dataset, "mixed_int8", float_ops,
-                   instead="Write dynamic_int8 or int8 instead.") as debugger:
+                   instead="Write dynamic_int8, int8 or int8_cpu instead.") as debugger:
         return debugger.get_nondebug_quantized_model()
 
 

@@ -223,7 +223,8 @@ def test_without_a_quantization_debugger_mixed_int8_is_left_out_or_refused(tmp_p
         tflite.export_tflite(tiny_model(), tmp_path, images=np.zeros((4, 8, 8, 3)))
     calibration = np.zeros((2, *SIZE, 3), np.float32)
     with pytest.raises(RuntimeError, match=r"mixed_int8 needs tf.lite.experimental.QuantizationDebugger, which "
-                                           rf"TensorFlow {tf.__version__} lacks\. Write dynamic_int8 or int8 instead\."):
+                                           rf"TensorFlow {tf.__version__} lacks\. Write dynamic_int8, int8 or "
+                                           r"int8_cpu instead\."):
         tflite.convert(tiny_model(), tmp_path / "x.tflite", "mixed_int8", calibration)
     assert list(tmp_path.iterdir()) == []
     # A refused mode's diagnosis says why it has none.
