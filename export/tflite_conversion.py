@@ -148,6 +148,11 @@ def _mixed_int8(converter: tf.lite.TFLiteConverter, representative_dataset) -> b
         return debugger.get_nondebug_quantized_model()
 
 
+def _float_ops(mode: str) -> tuple[str, ...]:
+    """The built-in ops that a full-int8 `mode` (`int8` or `int8_cpu`) leaves in float32."""
+    return INT8_CPU_FLOAT_OPS if mode == "int8_cpu" else ()
+
+
 def _full_int8(converter: tf.lite.TFLiteConverter, mode: str = "int8") -> bytes:
     """Full integer (`int8`), as `converter.convert()` writes it, except that the right operand of every attention
     product (K in q k^T, V in A V) is quantized on a symmetric range, zero point 0: XNNPACK runs an int8
@@ -155,7 +160,7 @@ def _full_int8(converter: tf.lite.TFLiteConverter, mode: str = "int8") -> bytes:
     about 20x slower than XNNPACK's; benchmarks/RESULTS.md, run Q). `int8_cpu` also keeps `INT8_CPU_FLOAT_OPS` in
     float32. Where this TensorFlow lacks the converter internals that split calibration from quantization, the
     plain `convert()`, every op int8 (a warning says so)."""
-    float_ops = INT8_CPU_FLOAT_OPS if mode == "int8_cpu" else ()
+    float_ops = _float_ops(mode)
     try:
         calibrated = _tf_internals.calibrated_tflite(converter)
         return _tf_internals.quantize_calibrated(symmetric_matmul_operands(calibrated), converter.inference_input_type,
@@ -206,10 +211,9 @@ def sensitive_layers(model: keras.Model, calibration: np.ndarray, count: int = S
     `INT8_CPU_FLOAT_OPS` in float32): `{"tensor", "op", "rmse_over_scale"}`, the root mean square error of the
     tensor in units of its quantization step."""
     options = converter_options("int8", calibration)
-    float_ops = INT8_CPU_FLOAT_OPS if mode == "int8_cpu" else ()
     with _converter(model, options) as converter, \
             _debugger(converter, options["representative_dataset"], "Naming the sensitive layers",
-                      float_ops) as debugger:
+                      _float_ops(mode)) as debugger:
         debugger.run()
         dump = io.StringIO()
         debugger.layer_statistics_dump(dump)

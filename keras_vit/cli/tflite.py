@@ -33,8 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the modes to write (default: all that this TensorFlow can write)")
     parser.add_argument("--max-top1-drop", type=float, default=DEFAULT_MAX_TOP1_DROP, metavar="POINTS",
                         help="the most top-1 agreement with the Keras model, in percentage points, that an int8 "
-                             "mode (dynamic_int8, mixed_int8, int8, int8_cpu) may lose; past it the file is not written "
-                             f"(default: {DEFAULT_MAX_TOP1_DROP:g})")
+                             "mode (dynamic_int8, mixed_int8, int8, int8_cpu) may lose; past it the file is not "
+                             f"written (default: {DEFAULT_MAX_TOP1_DROP:g})")
     return parser
 
 
