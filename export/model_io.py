@@ -66,15 +66,38 @@ def logits_model(model: keras.Model) -> keras.Model:
     return keras.Model(model.inputs, head.output, name=f"{model.name}_logits")
 
 
-def input_fields(model: keras.Model) -> dict[str, Any]:
-    """The input fields (mean, std, resize, crop, interpolation) of the keras_vit model in `model` (itself or a
-    nested one); the defaults (the original's) for a model without a `vit_config`."""
+def vit_config(model: keras.Model) -> variants.ViTConfig | None:
+    """The `ViTConfig` of the keras_vit model in `model` (itself or a nested one); None for another model."""
     for candidate in (model, *model.layers):
         config = getattr(candidate, "vit_config", None)
         if config is not None:
-            return config.input_fields
+            return config
+    return None
+
+
+def input_fields(model: keras.Model) -> dict[str, Any]:
+    """The input fields (mean, std, resize, crop, interpolation) of the keras_vit model in `model` (itself or a
+    nested one); the defaults (the original's) for a model without a `vit_config`."""
+    config = vit_config(model)
+    if config is not None:
+        return config.input_fields
     return {field.name: field.default for field in dataclasses.fields(variants.ViTConfig)
             if field.name in variants.INPUT_FIELDS}
+
+
+def widest_activation_per_image(model: keras.Model) -> int | None:
+    """How many numbers the widest activation of the keras_vit model in `model` holds per image at its own size
+    (`image_size`): its MLP's hidden layer (tokens x mlp_dim), its attention weights (heads x tokens^2) or, in a
+    hybrid, its ResNet root's output (height/2 x width/2 x 64, as many as the first stage's), with tokens counted
+    as the patch grid plus one; None for a model without a `vit_config`."""
+    config = vit_config(model)
+    if config is None:
+        return None
+    height, width = image_size(model)
+    stem_stride = 2 ** (1 + len(config.resnet_stages)) if config.resnet_stages else 1
+    tokens = (height // (stem_stride * config.patch_size)) * (width // (stem_stride * config.patch_size)) + 1
+    stem = (height // 2) * (width // 2) * 64 if config.resnet_stages else 0
+    return max(tokens * config.mlp_dim, config.num_heads * tokens * tokens, stem)
 
 
 def resize_transform(fields: dict[str, Any]) -> dict[str, Any]:

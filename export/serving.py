@@ -34,6 +34,12 @@ BYTES_SIGNATURE = "serving_bytes"
 EXTRA_SIGNATURES = ("embed", "features", "explain")
 DEFAULT_MAX_PIXELS = image_io.DEFAULT_MAX_PIXELS
 DEFAULT_MAX_BATCH = 256
+# The eigen export runs the model on groups of images whose widest activation (`image_group_size`) fits in this
+# many bytes. Eigen's TensorFlow (TF_ENABLE_ONEDNN_OPTS=0) takes each op's output from malloc, and glibc maps a
+# buffer over its mmap threshold (32 MiB at most) fresh from the kernel and unmaps it when freed, so each request
+# page-faults it in again: B/16's MLP activations at batch 16 (38.7 MB) cost about 10 ms apiece. oneDNN's builds
+# take them from a pool (benchmarks/RESULTS.md, run T).
+EIGEN_GROUP_BYTES = 8 * 2**20
 
 
 def decode(image_bytes: tf.Tensor, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -73,6 +79,39 @@ def check_stride(images: tf.Tensor, stride: int) -> tf.Operation:
                                 "multiples of the patch stride {} of this model; resize or crop it.",
                                 (height, width, stride))
     return tf.debugging.Assert(tf.logical_and(height % stride == 0, width % stride == 0), [message])
+
+
+def image_group_size(model: keras.Model, max_batch: int) -> int | None:
+    """How many images the eigen export runs `model` on at a time: as many as keep its widest float32 activation
+    (`model_io.widest_activation_per_image`) within `EIGEN_GROUP_BYTES`, at least one; None (the whole request at
+    once) when that is `max_batch` or more, or for a model without a `vit_config`."""
+    numbers = model_io.widest_activation_per_image(model)
+    if numbers is None:
+        return None
+    group = max(1, EIGEN_GROUP_BYTES // (4 * numbers))
+    return None if group >= max_batch else group
+
+
+def in_image_groups(model: keras.Model, images: tf.Tensor, group: int | None):
+    """`model(images)` computed on consecutive groups of at most `group` images, as even as can be, one after
+    another (a `tf.while_loop`), each output concatenated in order: the same numbers, from ops whose buffers hold
+    `group` images. `model(images)` itself when `group` is None."""
+    if group is None:
+        return model(images, training=False)
+    count = tf.shape(images)[0]
+    groups = tf.maximum((count + group - 1) // group, 1)  # one group of none for an empty request
+    size = (count + groups - 1) // groups
+
+    def empty(spec):
+        return tf.TensorArray(spec.dtype, size=groups, infer_shape=False, element_shape=(None, *spec.shape[1:]))
+
+    def run_group(index, arrays):
+        outputs = model(images[index * size:(index + 1) * size], training=False)
+        return index + 1, tf.nest.map_structure(lambda array, output: array.write(index, output), arrays, outputs)
+
+    _, arrays = tf.while_loop(lambda index, _: index < groups, run_group,
+                              (tf.constant(0), tf.nest.map_structure(empty, model.output)), parallel_iterations=1)
+    return tf.nest.map_structure(lambda array: array.concat(), arrays)
 
 
 def _predictions(logits: tf.Tensor, top_k: int, class_names: Sequence[str] | None) -> dict[str, tf.Tensor]:
@@ -136,7 +175,7 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
     images per request, on every endpoint. A model of any input size takes `serving_default`'s images at their own
     size. `serving_kernels` names the CPU kernels of the TensorFlow that will serve it (`kernels.served_on`):
     `"onednn"` or `"eigen"`, which writes the tanh GELU in 6 elementwise ops instead of 9 (oneDNN would no longer
-    fuse it into its matmul).
+    fuse it into its matmul) and runs the model on groups of images (`image_group_size`, `in_image_groups`).
     """
     check_limits(max_pixels, max_batch)
     kernels.check_serving_kernels(serving_kernels)
@@ -166,11 +205,12 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
                              "(it serves its embedding). Build it with include_top=True, or make a zero-shot "
                              "classifier: keras_vit.features.zero_shot_classifier(model, class_embeddings).")
         pixel_embedding = views["embed"]
+    group = image_group_size(model, max_batch) if serving_kernels == "eigen" else None
 
     def predict(images: tf.Tensor) -> dict[str, tf.Tensor]:
         if not has_head:
-            return pixel_embedding(images, training=False)
-        return _predictions(pixel_logits(images, training=False), top_k, class_names)
+            return in_image_groups(pixel_embedding, images, group)
+        return _predictions(in_image_groups(pixel_logits, images, group), top_k, class_names)
 
     def serve_images(images: tf.Tensor) -> dict[str, tf.Tensor]:
         checks = [check_images(images, max_pixels, max_batch)] + ([check_stride(images, stride)] if stride else [])
@@ -197,16 +237,17 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
     for name in signatures:
         archive.track(views[name])
         finish = (lambda outputs: _explanation(outputs, has_head)) if name == "explain" else dict
-        endpoint = _bytes_endpoint(views[name], finish, size, transform, max_pixels, max_batch)
+        endpoint = _bytes_endpoint(views[name], finish, size, transform, max_pixels, max_batch, group)
         archive.add_endpoint(name, traced_for_the_server(endpoint), input_signature=bytes_spec)
     return archive
 
 
 def _bytes_endpoint(view: keras.Model, finish, size: tuple[int, int], transform: dict, max_pixels: int,
-                    max_batch: int):
+                    max_batch: int, group: int | None):
     """An endpoint function: encoded images -> `finish(view(images))`, bounded as `serving_bytes`."""
     def serve(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
         with tf.control_dependencies([check_batch(tf.size(image_bytes), max_batch)]):
-            return finish(view(decode(tf.identity(image_bytes), size, max_pixels, transform), training=False))
+            images = decode(tf.identity(image_bytes), size, max_pixels, transform)
+            return finish(in_image_groups(view, images, group))
 
     return serve

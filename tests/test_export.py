@@ -175,6 +175,49 @@ def test_export_for_eigen_serves_the_same_outputs_through_six_gelu_ops(tmp_path,
                          expected)
 
 
+def _while_loops(path) -> int:
+    from tensorflow.core.protobuf import saved_model_pb2
+    graph = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes()).meta_graphs[0].graph_def
+    return sum(node.op in ("While", "StatelessWhile") for function in graph.library.function
+               for node in function.node_def)
+
+
+def test_eigen_export_runs_image_groups_with_the_same_outputs(tmp_path, images, monkeypatch):
+    """The eigen export runs a request's images in groups (`serving.image_group_size`, forced here to 2 by a
+    smaller byte budget), one after another: every signature gives the numbers of the export that runs them all
+    at once, for requests of 5 images (groups of 2, 2 and 1), of one image and of none."""
+    model = tiny_model("plain")
+    widest = model_io.widest_activation_per_image(model)
+    assert widest == (4 * 4 + 1) * 96  # 17 tokens x mlp_dim, over 3 heads x 17^2 attention weights
+    assert model_io.widest_activation_per_image(tiny_model("hybrid")) == 16 * 16 * 64  # the ResNet root's output
+    assert model_io.widest_activation_per_image(keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])) is None
+    assert serving.image_group_size(model, serving.DEFAULT_MAX_BATCH) is None  # a tiny model's request fits
+    signatures = ("embed", "features", "explain")
+    bytes_request = {serving.BYTES_KEY: encode(images[:5], tf.io.encode_png)}
+    whole = saved_model.export_saved_model(model, tmp_path / "whole", serving_kernels="eigen", signatures=signatures,
+                                           class_names=CLASS_NAMES)
+    monkeypatch.setattr(serving, "EIGEN_GROUP_BYTES", 2 * 4 * widest + 3)
+    assert serving.image_group_size(model, serving.DEFAULT_MAX_BATCH) == 2
+    assert serving.image_group_size(model, max_batch=2) is None  # no group smaller than the largest request
+    grouped = saved_model.export_saved_model(model, tmp_path / "grouped", serving_kernels="eigen",
+                                             signatures=signatures, class_names=CLASS_NAMES)
+    onednn = saved_model.export_saved_model(model, tmp_path / "onednn", signatures=signatures, class_names=CLASS_NAMES)
+    # One loop per signature (5) in the eigen export, none in oneDNN's; each takes encoded images through a map_fn.
+    assert _while_loops(grouped) - _while_loops(whole) == 5 and _while_loops(onednn) == _while_loops(whole)
+    expected, whole, grouped = keras_outputs(model, images[:5]), TF1Server(whole), TF1Server(grouped)
+    for count in (5, 1, 0):
+        request = {serving.IMAGES_KEY: images[:count]}
+        assert_matches_keras(grouped.predict("serving_default", request),
+                             {name: value[:count] for name, value in expected.items()})
+    assert_matches_keras(grouped.predict(serving.BYTES_SIGNATURE, bytes_request), expected)
+    for signature in signatures:
+        outputs, reference = grouped.predict(signature, bytes_request), whole.predict(signature, bytes_request)
+        assert sorted(outputs) == sorted(reference)
+        for name, value in reference.items():
+            np.testing.assert_allclose(outputs[name], value, atol=1e-5, rtol=0, err_msg=f"{signature}/{name}")
+            assert value.shape[0] == 5
+
+
 def _class_names_file(folder) -> str:
     path = folder / "class_names.txt"
     path.write_text("\n".join(CLASS_NAMES) + "\n")
