@@ -66,15 +66,17 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
         l2_normalize: L2-normalize that embedding (CLIP, SigLIP retrieval). Defaults to `False`.
         serving_kernels: the CPU kernels of the TensorFlow that will serve it. `"onednn"` (the default): x86
             TensorFlow on CPUs with AVX512-VNNI, AVX512-BF16 or AMX, which fuses the MLP's matmul, bias and GELU.
-            `"eigen"`: AVX2-only CPUs, ARM, `TF_ENABLE_ONEDNN_OPTS=0`; the GELU in fewer ops. The outputs are the
-            same (to 1e-6); either runs anywhere, only slower on the other kernels.
+            `"eigen"`: AVX2-only CPUs, ARM, `TF_ENABLE_ONEDNN_OPTS=0`; the GELU in fewer ops, and a request's
+            images run in groups (`serving.image_group_size`). The outputs are the same (to 1e-5); either runs
+            anywhere, only slower on the other kernels.
 
     A model built for any input size (`input_shape=(None, None, 3)`) is exported so: `serving_default` takes
     images at their own size, height and width multiples of its patch stride (`serving.serving_archive`).
 
     The limits, image size (`serving_bytes`' size, and the warmup's), formats, the preprocessing served (mean,
     std, resize, crop, interpolation), for a model of any input size its patch stride (`any_size_stride`, else
-    null), and `serving_kernels` are recorded in `assets.extra/keras_vit_export.json`.
+    null), `serving_kernels` and `image_group` (the images run at a time; null: the whole request) are recorded in
+    `assets.extra/keras_vit_export.json`.
     """
     base = Path(base_dir)
     version = next_version(base) if version is None else version
@@ -92,6 +94,7 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
     metadata = {"image_size": list(size), "any_size_stride": model_io.patch_stride(model),
                 "max_pixels": max_pixels, "max_batch": max_batch,
                 "top_k": min(top_k, int(model.output_shape[-1])), "serving_kernels": serving_kernels,
+                "image_group": serving.image_group_size(model, max_batch, serving_kernels),
                 "image_formats": list(image_io.FORMATS),
                 "signatures": ["serving_default", serving.BYTES_SIGNATURE, *signatures],
                 "preprocessing": {name: list(value) if isinstance(value, tuple) else value

@@ -81,11 +81,12 @@ def check_stride(images: tf.Tensor, stride: int) -> tf.Operation:
     return tf.debugging.Assert(tf.logical_and(height % stride == 0, width % stride == 0), [message])
 
 
-def image_group_size(model: keras.Model, max_batch: int) -> int | None:
-    """How many images the eigen export runs `model` on at a time: as many as keep its widest float32 activation
-    (`model_io.widest_activation_per_image`) within `EIGEN_GROUP_BYTES`, at least one; None (the whole request at
-    once) when that is `max_batch` or more, or for a model without a `vit_config`."""
-    numbers = model_io.widest_activation_per_image(model)
+def image_group_size(model: keras.Model, max_batch: int, serving_kernels: str = "eigen") -> int | None:
+    """How many images an export for `serving_kernels` runs `model` on at a time. For Eigen: as many as keep its
+    widest float32 activation (`model_io.widest_activation_per_image`) within `EIGEN_GROUP_BYTES`, at least one.
+    None (the whole request at once) for oneDNN, when that is `max_batch` or more, or for a model without a
+    `vit_config`."""
+    numbers = model_io.widest_activation_per_image(model) if serving_kernels == "eigen" else None
     if numbers is None:
         return None
     group = max(1, EIGEN_GROUP_BYTES // (4 * numbers))
@@ -205,7 +206,7 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
                              "(it serves its embedding). Build it with include_top=True, or make a zero-shot "
                              "classifier: keras_vit.features.zero_shot_classifier(model, class_embeddings).")
         pixel_embedding = views["embed"]
-    group = image_group_size(model, max_batch) if serving_kernels == "eigen" else None
+    group = image_group_size(model, max_batch, serving_kernels)
 
     def predict(images: tf.Tensor) -> dict[str, tf.Tensor]:
         if not has_head:

@@ -199,11 +199,13 @@ def test_eigen_export_runs_image_groups_with_the_same_outputs(tmp_path, images, 
     monkeypatch.setattr(serving, "EIGEN_GROUP_BYTES", 2 * 4 * widest + 3)
     assert serving.image_group_size(model, serving.DEFAULT_MAX_BATCH) == 2
     assert serving.image_group_size(model, max_batch=2) is None  # no group smaller than the largest request
+    assert serving.image_group_size(model, serving.DEFAULT_MAX_BATCH, "onednn") is None
     grouped = saved_model.export_saved_model(model, tmp_path / "grouped", serving_kernels="eigen",
                                              signatures=signatures, class_names=CLASS_NAMES)
     onednn = saved_model.export_saved_model(model, tmp_path / "onednn", signatures=signatures, class_names=CLASS_NAMES)
     # One loop per signature (5) in the eigen export, none in oneDNN's; each takes encoded images through a map_fn.
     assert _while_loops(grouped) - _while_loops(whole) == 5 and _while_loops(onednn) == _while_loops(whole)
+    assert [saved_model.read_metadata(path)["image_group"] for path in (whole, grouped, onednn)] == [None, 2, None]
     expected, whole, grouped = keras_outputs(model, images[:5]), TF1Server(whole), TF1Server(grouped)
     for count in (5, 1, 0):
         request = {serving.IMAGES_KEY: images[:count]}
