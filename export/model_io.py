@@ -94,8 +94,7 @@ def widest_activation_per_image(model: keras.Model) -> int | None:
     if config is None:
         return None
     height, width = image_size(model)
-    stem_stride = 2 ** (1 + len(config.resnet_stages)) if config.resnet_stages else 1
-    tokens = (height // (stem_stride * config.patch_size)) * (width // (stem_stride * config.patch_size)) + 1
+    tokens = (height // config.stride) * (width // config.stride) + 1
     stem = (height // 2) * (width // 2) * 64 if config.resnet_stages else 0
     return max(tokens * config.mlp_dim, config.num_heads * tokens * tokens, stem)
 
