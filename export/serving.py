@@ -176,7 +176,8 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
     images per request, on every endpoint. A model of any input size takes `serving_default`'s images at their own
     size. `serving_kernels` names the CPU kernels of the TensorFlow that will serve it (`kernels.served_on`):
     `"onednn"` or `"eigen"`, which writes the tanh GELU in 6 elementwise ops instead of 9 (oneDNN would no longer
-    fuse it into its matmul) and runs the model on groups of images (`image_group_size`, `in_image_groups`).
+    fuse it into its matmul), the attention's two products one head at a time (`kernels.fused_attention`) and
+    runs the model on groups of images (`image_group_size`, `in_image_groups`).
     """
     check_limits(max_pixels, max_batch)
     kernels.check_serving_kernels(serving_kernels)

@@ -1,6 +1,7 @@
 """keras_vit.kernels: the CPU-specific kernels compute what the portable ops compute, are chosen
 from what the machine supports, fall back when an internal is missing, and stay out of exports."""
 
+import collections
 import logging
 import warnings
 
@@ -328,6 +329,37 @@ def test_gelu_served_on_eigen_is_the_tanh_gelu_in_six_ops():
     with pytest.raises(ValueError, match=r"Unknown serving kernels 'mkl'. Expected one of \('onednn', 'eigen'\)"):
         with kernels.served_on("mkl"):
             pass
+
+
+def test_attention_served_on_eigen_runs_head_by_head_with_the_same_outputs():
+    """Traced for Eigen serving, attention is one batched matmul per head (over the images only) and no
+    transposes; self- and cross-attention outputs equal a NumPy reference, as the default graph's do."""
+    layer = keras_vit.layers.MultiHeadDotProductAttention(num_heads=3)
+    rng = np.random.default_rng(0)
+    x, context = (rng.normal(size=shape).astype("float32") for shape in ((2, 7, 12), (2, 4, 12)))
+    layer(x, context=context)
+    randomize(layer, seed=1, scale=0.5)
+    project = lambda dense, t: np.einsum("btd,dnh->btnh", t, dense.kernel.numpy()) + dense.bias.numpy()  # noqa: E731
+
+    def reference(x, context):
+        q, k, v = (project(dense, t) for dense, t in ((layer.query_dense, x), (layer.key_dense, context),
+                                                     (layer.value_dense, context)))
+        logits = np.einsum("bqnh,bknh->bnqk", q.astype("float64"), k) / np.sqrt(q.shape[-1])
+        weights = np.exp(logits - logits.max(-1, keepdims=True))
+        attended = np.einsum("bnqk,bknh->bqnh", weights / weights.sum(-1, keepdims=True), v)
+        return np.einsum("bqnh,nhd->bqd", attended, layer.output_dense.kernel.numpy()) + layer.output_dense.bias.numpy()
+
+    attend = lambda x, context: layer(x, context=context)  # noqa: E731
+    default = tf.function(attend)
+    eigen = tf.function(lambda x, context: _served_on("eigen", lambda x: attend(x, context), x))
+    for function in (default, eigen):
+        for keys in (x, context):
+            np.testing.assert_allclose(function(x, keys).numpy(), reference(x, keys), rtol=0, atol=1e-5)
+    counts = [collections.Counter(node.op for node in function.get_concrete_function(x, x).graph.as_graph_def().node)
+              for function in (default, eigen)]
+    assert (counts[0]["BatchMatMulV2"], counts[0]["Transpose"]) == (2, 4)
+    assert (counts[1]["BatchMatMulV2"], counts[1]["Transpose"], counts[1]["Softmax"]) == (2 * 3, 0, 3)
+    assert kernels.fused_attention_pays(training=False) is False  # outside the scope: the explicit path
 
 
 def _served_on(serving_kernels: str, function, x):

@@ -63,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--serving-kernels", choices=SERVING_KERNELS, default="onednn",
                         help="the CPU kernels of the TensorFlow that will serve it (default: onednn, x86 TensorFlow "
                              "on CPUs with AVX512-VNNI, AVX512-BF16 or AMX); eigen for AVX2-only or ARM servers and "
-                             "TF_ENABLE_ONEDNN_OPTS=0: the GELU in fewer ops, a request's images run in groups "
-                             "small enough for malloc to reuse their buffers. Same outputs either way")
+                             "TF_ENABLE_ONEDNN_OPTS=0: the GELU in fewer ops, the attention head by head, a "
+                             "request's images run in groups small enough for malloc to reuse their buffers. Same "
+                             "outputs either way")
     return parser
 
 

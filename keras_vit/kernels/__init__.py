@@ -4,7 +4,7 @@ The layers hold the maths (`keras_vit.layers`); they call six primitives for the
 
     dense(x, kernel, bias)             x (N, in) @ kernel (in, out) + bias
     batch_matmul(a, b, transpose_b)    a @ b (or a @ b^T) over the last two axes, leading axes batched
-    fused_attention(q, k, v, scale)    softmax(q k^T * scale) v as one op, where `fused_attention_pays`
+    fused_attention(q, k, v, scale)    softmax(q k^T * scale) v in one call, where `fused_attention_pays`
     layer_norm(x, gamma, beta, eps)    LayerNorm of the last axis, statistics in float32
     gelu(x, approximate)               tanh-approximate (Flax's) or exact erf GELU
     compiled_inference(call)           a decorator: the layer's own `call`, XLA-compiled in inference
@@ -29,7 +29,8 @@ probes against the portable ops):
   shared by every block of the same shape, for batches of at most `XLA_BLOCK_MAX_ROWS` tokens in all.
 
 Exports trace with the scope off. `served_on("eigen")` (an export's `serving_kernels`) writes the tanh GELU in
-fewer ops for a TensorFlow that serves on Eigen; the default, "onednn", keeps the form oneDNN fuses.
+fewer ops and the attention head by head for a TensorFlow that serves on Eigen; the default, "onednn", keeps the
+forms oneDNN fuses and batches.
 
 Quantized layers (`model.quantize(...)`) take Keras' own quantized path, not these primitives; LoRA layers
 (`enable_lora`) go through them with their merged kernel, and blocks holding either are not XLA-compiled.
@@ -88,16 +89,20 @@ def batch_matmul(a, b, transpose_b: bool = False):
 
 
 def fused_attention(query, key, value, scale: float):
-    """softmax(q k^T * scale) v of (batch, tokens, heads, head_dim) tensors as one op,
-    `keras.ops.dot_product_attention`: cuDNN's flash attention on NVIDIA GPUs, the TPU's fused kernel,
-    PyTorch's scaled_dot_product_attention. The attention weights are never materialised."""
+    """softmax(q k^T * scale) v of (batch, tokens, heads, head_dim) tensors, the attention weights never
+    returned: one op, `keras.ops.dot_product_attention` (cuDNN's flash attention on NVIDIA GPUs, the TPU's
+    fused kernel, PyTorch's scaled_dot_product_attention), or in a graph traced for Eigen serving
+    (`served_on("eigen")`) head by head (`tf_ops.attention_by_head`)."""
+    if keras.backend.backend() == "tensorflow" and scope.serving_kernels() == "eigen":
+        return tf_ops.attention_by_head(query, key, value, scale)
     return ops.dot_product_attention(query, key, value, scale=scale)
 
 
 def fused_attention_pays(training: bool) -> bool:
     """Whether `fused_attention` is the faster way here (measured, AMD EPYC AVX2: JAX on CPU 1.2-1.4x slower
     than the explicit matmuls; PyTorch on CPU 1.1-2.8x faster in inference, mixed in training; TensorFlow's
-    is the same composite as the explicit path). `KERAS_VIT_FUSED_ATTENTION=on|off` overrides."""
+    is the same composite as the explicit path, so TensorFlow takes it only in a graph traced for Eigen serving,
+    head by head). `KERAS_VIT_FUSED_ATTENTION=on|off` overrides."""
     forced = os.environ.get(FUSED_ATTENTION_SWITCH, "auto").lower()
     if forced in ("on", "off"):
         return forced == "on"
@@ -108,7 +113,7 @@ def fused_attention_pays(training: bool) -> bool:
     if backend == "torch":
         import torch
         return not training or torch.cuda.is_available()
-    return False
+    return not training and scope.serving_kernels() == "eigen"
 
 
 def layer_norm(x, gamma, beta, epsilon: float):

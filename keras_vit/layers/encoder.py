@@ -97,7 +97,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     those of `keras.layers.MultiHeadAttention`, whose weight files load here unchanged.
 
     Where it pays (`kernels.fused_attention_pays`: JAX and PyTorch on GPUs and TPUs, PyTorch inference on
-    CPUs) and A is neither returned nor dropped out, (A v) is one fused op (`keras.ops.dot_product_attention`).
+    CPUs) and A is neither returned nor dropped out, (A v) is one fused op (`keras.ops.dot_product_attention`);
+    in a SavedModel for Eigen servers it is computed head by head (`kernels.fused_attention`).
 
     Args:
         num_heads: int. Attention heads; the hidden size must be divisible by it.
