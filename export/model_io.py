@@ -13,7 +13,7 @@ from typing import Any
 
 import keras
 
-from keras_vit import features, variants
+from keras_vit import features, resnet, variants
 
 
 def patch_stride(model: keras.Model) -> int | None:
@@ -88,14 +88,14 @@ def input_fields(model: keras.Model) -> dict[str, Any]:
 def widest_activation_per_image(model: keras.Model) -> int | None:
     """How many numbers the widest activation of the keras_vit model in `model` holds per image at its own size
     (`image_size`): its MLP's hidden layer (tokens x mlp_dim), its attention weights (heads x tokens^2) or, in a
-    hybrid, its ResNet root's output (height/2 x width/2 x 64, as many as the first stage's), with tokens counted
-    as the patch grid plus one; None for a model without a `vit_config`."""
+    hybrid, its ResNet root's output (height/2 x width/2 x `resnet.ROOT_WIDTH`), tokens being the patch grid plus
+    the prefix tokens (class token, registers); None for a model without a `vit_config`."""
     config = vit_config(model)
     if config is None:
         return None
     height, width = image_size(model)
-    tokens = (height // config.stride) * (width // config.stride) + 1
-    stem = (height // 2) * (width // 2) * 64 if config.resnet_stages else 0
+    tokens = (height // config.stride) * (width // config.stride) + config.num_prefix_tokens
+    stem = (height // 2) * (width // 2) * resnet.ROOT_WIDTH if config.resnet_stages else 0
     return max(tokens * config.mlp_dim, config.num_heads * tokens * tokens, stem)
 
 

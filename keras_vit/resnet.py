@@ -113,7 +113,10 @@ class BottleneckUnit(keras.layers.Layer):
         return config
 
 
-def resnet_stem(x, stage_sizes: Sequence[int], width: int = 64, dtype=None):
+ROOT_WIDTH = 64  # channels of the stem's root convolution (BiT's ResNet-50), as many as its first stage's
+
+
+def resnet_stem(x, stage_sizes: Sequence[int], width: int = ROOT_WIDTH, dtype=None):
     """Applies the hybrid's ResNet stem to `x`; total stride 2 ** (1 + len(stage_sizes)).
 
     Root: StdConv 7x7/2 `conv_root` -> `gn_root` -> ReLU -> MaxPool 3x3/2 SAME; then stage

@@ -189,6 +189,10 @@ def test_eigen_export_runs_image_groups_with_the_same_outputs(tmp_path, images, 
     model = tiny_model("plain")
     widest = model_io.widest_activation_per_image(model)
     assert widest == (4 * 4 + 1) * 96  # 17 tokens x mlp_dim, over 3 heads x 17^2 attention weights
+    registers, pooled = (tiny_model("plain", **overrides) for overrides in (
+        {"num_register_tokens": 4}, {"classifier": "gap"}))
+    assert model_io.widest_activation_per_image(registers) == (4 * 4 + 5) * 96  # class token and 4 registers
+    assert model_io.widest_activation_per_image(pooled) == 4 * 4 * 96  # patches only
     assert model_io.widest_activation_per_image(tiny_model("hybrid")) == 16 * 16 * 64  # the ResNet root's output
     assert model_io.widest_activation_per_image(keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])) is None
     assert serving.image_group_size(model, serving.DEFAULT_MAX_BATCH) is None  # a tiny model's request fits
