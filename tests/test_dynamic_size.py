@@ -233,16 +233,22 @@ def test_fixed_size_models_keep_the_plain_table(any_size_model):
     assert op_types(any_size_model, (None, None, None, 3)) >= resampling
 
 
-def test_saved_model_serves_images_at_their_own_size(tmp_path, checkpoint, any_size_model):
-    from keras_vit.export import saved_model, serving
+@pytest.mark.parametrize("serving_kernels", ["onednn", "eigen"])
+def test_saved_model_serves_images_at_their_own_size(tmp_path, checkpoint, any_size_model, serving_kernels,
+                                                     monkeypatch):
+    """Also the eigen export, its images run in groups of 2 (a budget shrunk to that), its attention head by head."""
+    from keras_vit.export import model_io, saved_model, serving
 
-    path = saved_model.export_saved_model(any_size_model, tmp_path / "export", max_pixels=64 * 64)
+    group = 2 if serving_kernels == "eigen" else None
+    monkeypatch.setattr(serving, "EIGEN_GROUP_BYTES", 2 * 4 * model_io.widest_activation_per_image(any_size_model))
+    path = saved_model.export_saved_model(any_size_model, tmp_path / "export", max_pixels=64 * 64,
+                                          serving_kernels=serving_kernels)
     metadata = saved_model.read_metadata(path)
-    assert (metadata["image_size"], metadata["any_size_stride"]) == ([32, 32], 8)
+    assert (metadata["image_size"], metadata["any_size_stride"], metadata["image_group"]) == ([32, 32], 8, group)
     loaded = tf.saved_model.load(str(path))
     serve = loaded.signatures["serving_default"]
     for size in ((32, 32), (24, 40), (64, 56)):
-        images = _images(size, seed=2)
+        images = _images(size, count=5, seed=2)  # groups of 2, 2 and 1 in the eigen export
         expected = to_numpy(_build(TINY_VIT, (*size, 3), checkpoint)(images))
         np.testing.assert_allclose(serve(images=tf.constant(images))["logits"].numpy(), expected, atol=1e-5, rtol=0)
     refused = "Image of 30x32 pixels is not a whole number of patches: height and width must be multiples of the " \
