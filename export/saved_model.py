@@ -67,8 +67,8 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
         serving_kernels: the CPU kernels of the TensorFlow that will serve it. `"onednn"` (the default): x86
             TensorFlow on CPUs with AVX512-VNNI, AVX512-BF16 or AMX, which fuses the MLP's matmul, bias and GELU.
             `"eigen"`: AVX2-only CPUs, ARM, `TF_ENABLE_ONEDNN_OPTS=0`; the GELU in fewer ops, the attention head
-            by head, and a request's images run in groups (`serving.image_group_size`). The outputs are the same (to 1e-5); either runs
-            anywhere, only slower on the other kernels.
+            by head, and a request's images run in groups (`serving.image_group_size`). The outputs are the same
+            (to 1e-5); either runs anywhere, only slower on the other kernels.
 
     A model built for any input size (`input_shape=(None, None, 3)`) is exported so: `serving_default` takes
     images at their own size, height and width multiples of its patch stride (`serving.serving_archive`).
