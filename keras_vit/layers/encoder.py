@@ -295,6 +295,10 @@ class TransformerBlock(keras.layers.Layer):
         training: bool, dropout and drop path on when True.
         return_attention_scores: bool. Also return the attention weights,
             (batch, heads, tokens, tokens).
+        output_tokens: optional int n. Compute the outputs of the first n tokens only, (batch, n,
+            hidden_dim): their rows of the same block, whose attention still reads every token. For a
+            last block whose other rows nothing reads (a class-token head: `keras_vit.head_rows_model`).
+            Defaults to `None`: every token.
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
@@ -340,22 +344,26 @@ class TransformerBlock(keras.layers.Layer):
 
     @kernels.compiled_inference
     @kernels.rematerialized
-    def call(self, x, training=None, return_attention_scores=False):
-        attention = self.attention(self.norm_attention(x), training=training,
+    def call(self, x, training=None, return_attention_scores=False, output_tokens=None):
+        # With output_tokens=n, the rows x_i, i < n: their queries attend to the keys and values of every token.
+        rows = x if output_tokens is None else x[:, :output_tokens]
+        context = None if output_tokens is None else self.norm_attention(x)
+        attention = self.attention(self.norm_attention(rows), context=context, training=training,
                                    return_attention_scores=return_attention_scores)
         attended, scores = attention if return_attention_scores else (attention, None)
-        y = x + self.drop_path(self.scale_attention(self.dropout(attended, training=training)), training=training)
+        y = rows + self.drop_path(self.scale_attention(self.dropout(attended, training=training)), training=training)
         out = y + self.drop_path(self.scale_mlp(self.mlp(self.norm_mlp(y), training=training)), training=training)
         return (out, scores) if return_attention_scores else out
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_scores=False):
-        output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
+    def compute_output_spec(self, x, training=None, return_attention_scores=False, output_tokens=None):
+        rows = x.shape[1] if output_tokens is None else output_tokens
+        output = keras.KerasTensor((x.shape[0], rows, x.shape[2]), dtype=self.compute_dtype)
         if not return_attention_scores:
             return output
-        scores_shape = (x.shape[0], self.num_heads, x.shape[1], x.shape[1])
+        scores_shape = (x.shape[0], self.num_heads, rows, x.shape[1])
         return output, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
 
     def get_config(self):
