@@ -14,6 +14,7 @@ from typing import Any
 import keras
 
 from keras_vit import features, resnet, variants
+from keras_vit.head_rows import head_rows_model
 
 
 def patch_stride(model: keras.Model) -> int | None:
@@ -117,5 +118,6 @@ def with_pixel_input(model: keras.Model, fields: dict[str, Any] | None = None) -
 
 
 def pixel_logits_model(model: keras.Model) -> keras.Model:
-    """Raw [0, 255] pixels at the model's size -> logits."""
-    return with_pixel_input(logits_model(model), input_fields(model))
+    """Raw [0, 255] pixels at the model's size -> logits, the last encoder block computing only the rows the
+    head reads (`keras_vit.head_rows_model`)."""
+    return with_pixel_input(head_rows_model(logits_model(model)), input_fields(model))

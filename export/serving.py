@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from . import model_io
 from keras_vit import features, image_io, kernels
+from keras_vit.head_rows import head_rows_model
 
 IMAGES_KEY = "images"
 BYTES_KEY = "image_bytes"
@@ -142,7 +143,7 @@ def check_signatures(signatures: Sequence[str]) -> None:
 def _views(model: keras.Model, names: Sequence[str], fields: dict, has_head: bool, feature_blocks: Sequence[int],
            embedding: str, l2_normalize: bool) -> dict[str, keras.Model]:
     """Signature name -> a model of [0, 255] pixels (normalized with `fields` first) with dict outputs."""
-    views = {"embed": lambda: features.embedding_model(model, embedding, l2_normalize),
+    views = {"embed": lambda: head_rows_model(features.embedding_model(model, embedding, l2_normalize)),
              "features": lambda: features.features_model(model, feature_blocks, output="nhwc"),
              "explain": lambda: features.explain_model(model_io.logits_model(model) if has_head else model)}
     return {name: model_io.with_pixel_input(views[name](), fields) for name in names}

@@ -21,6 +21,7 @@ else:
     from keras_vit.checkpoints.npz import read_npz, resample_position_embedding
     from keras_vit.checkpoints.registry import Checkpoint, list_weights
     from keras_vit.features import TokenGrid, attention_model, features_model
+    from keras_vit.head_rows import head_rows_model
     from keras_vit.imagenet import decode_predictions, preprocess_input
     from keras_vit.layers import (ClassToken, LayerNorm, LayerScale, MAPHead, MlpBlock, MultiHeadDotProductAttention,
                                   PatchEncoder, Patches, PositionEmbedding, RegisterTokens, StochasticDepth,

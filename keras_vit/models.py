@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+import weakref
 from typing import Any, Callable, Sequence
 
 import keras
@@ -23,6 +24,7 @@ from keras_vit import resnet
 from keras_vit import variants
 from keras_vit.checkpoints import loader as checkpoint_loader
 from keras_vit.checkpoints.reader import CheckpointFile
+from keras_vit.head_rows import head_rows_model
 from keras_vit.kernels.routed_layers import LayerNormalization
 from keras_vit.variants import CLASSIFIERS, ViTConfig  # noqa: F401  (CLASSIFIERS: the 0.2 name)
 
@@ -186,6 +188,25 @@ class ViTModel(CpuKernelSteps, keras.Model):
         model.vit_config = ViTConfig.from_dict(fields) if fields is not None else None
         return model
 
+    def make_predict_function(self, force=False):
+        """Keras' predict function, whose steps run `keras_vit.head_rows_model(self)`, made here (eagerly: Keras
+        traces the steps after this)."""
+        if self not in _HEAD_ROWS_TWINS:
+            _HEAD_ROWS_TWINS[self] = head_rows_model(self)
+        return super().make_predict_function(force)
+
+    def predict_step(self, *args, **kwargs):
+        """Keras' predict step computed by `keras_vit.head_rows_model(self)`: the same outputs, with the last
+        encoder block computing only the token rows they read (7% fewer FLOPs for ViT-B/16's class token)."""
+        twin = _HEAD_ROWS_TWINS.get(self, self)
+        if twin is self:
+            return super().predict_step(*args, **kwargs)
+        with kernels.cpu_kernels(not self.jit_compile):
+            if keras.backend.backend() == "jax":  # a stateless step: (state, data) -> (outputs, non-trainables)
+                return _stateless_predict(self, twin, *args)
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(args[0])
+            return twin(x, training=False)
+
     def enable_lora(self, rank: int, target_names: Sequence[str] = LORA_TARGETS) -> None:
         """Low-rank adaptation (Hu et al. 2021) of the encoder, as keras-hub's `Backbone.enable_lora`.
 
@@ -215,6 +236,22 @@ class ViTModel(CpuKernelSteps, keras.Model):
                              f"checkpoint {os.fspath(filepath)!r}: use `keras_vit.load_weights(model, path)`, which "
                              "maps its keys and resizes position embeddings.")
         return super().load_weights(filepath, *args, **kwargs)
+
+
+_HEAD_ROWS_TWINS = weakref.WeakKeyDictionary()  # ViTModel -> its head_rows_model, made once
+
+
+def _stateless_predict(model: keras.Model, twin: keras.Model, state, data):
+    """JAX's `predict_step(state, data)` with `twin`, whose variables are the model's (in another order)."""
+    trainable, non_trainable = state
+    value_of = {id(variable): value for variable, value in zip(
+        model.trainable_variables + model.non_trainable_variables, [*trainable, *non_trainable])}
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    outputs, updated = twin.stateless_call([value_of[id(v)] for v in twin.trainable_variables],
+                                           [value_of[id(v)] for v in twin.non_trainable_variables], x, training=False)
+    updated = dict(zip(map(id, twin.non_trainable_variables), updated))
+    return outputs, [updated.get(id(variable), value) for variable, value in zip(model.non_trainable_variables,
+                                                                                  non_trainable)]
 
 
 def _validate(*, include_top: bool, pooling: str | None, classes: int, config: ViTConfig, classifier_activation,

@@ -110,11 +110,12 @@ def test_backend_matches_tensorflow_and_trains(workdir, backend):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_layer_and_keras_tool_tests_pass_on_backend(backend):
-    """The layer tests, and quantization and LoRA through Keras' tools (the trained digits int8 check, slow, runs on
-    TensorFlow only: the quantized numerics of every projection are checked on each backend)."""
+    """The layer tests, the head-rows twin of `predict` (`tests/test_head_rows.py`), and quantization and LoRA
+    through Keras' tools (the trained digits int8 check, slow, runs on TensorFlow only: the quantized numerics of
+    every projection are checked on each backend)."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-                           "tests/test_layers.py", "tests/test_keras_tools.py"],
+                           "tests/test_layers.py", "tests/test_keras_tools.py", "tests/test_head_rows.py"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout and "failed" not in done.stdout
