@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import keras
 
-from keras_vit.layers import LayerNorm, TokenPooling, TransformerBlock
+from keras_vit.layers import TokenPooling, transformer_blocks
 
-# The consumers a row-restricted tensor may have: per-token maps (their output keeps the same rows) and poolings
-# that read one prefix row.
-_PER_TOKEN = (LayerNorm, keras.layers.LayerNormalization)
+# The consumers a row-restricted tensor may have: LayerNorms of the last axis (keras_vit's LayerNorm included:
+# their output keeps the same rows) and poolings that read one prefix row.
 _ROW_READ = {"token": 0, "distillation": 1}
 
 
@@ -38,12 +37,15 @@ def head_rows_model(model: keras.Model) -> keras.Model:
     np.testing.assert_allclose(twin(images), model(images), atol=1e-5)
     ```
     """
-    blocks = [layer for layer in getattr(model, "layers", ()) if isinstance(layer, TransformerBlock)]
     reads = {_ROW_READ[layer.method] for layer in model.layers
              if isinstance(layer, TokenPooling) and layer.method in _ROW_READ}
-    if not blocks or not reads:
+    if not reads:
         return model
-    last, rows = blocks[-1], max(reads) + 1
+    try:
+        last = transformer_blocks(model)[-1]
+    except ValueError:  # no top-level blocks
+        return model
+    rows = max(reads) + 1
     restricted = set()  # ids of the tensors that hold only the first `rows` tokens
 
     def call(layer, *args, **kwargs):
@@ -55,7 +57,7 @@ def head_rows_model(model: keras.Model) -> keras.Model:
         output = layer(*args, **kwargs)
         if not reads_restricted:
             return output
-        if isinstance(layer, _PER_TOKEN) and layer.axis in (-1, [-1]):
+        if isinstance(layer, keras.layers.LayerNormalization) and layer.axis in (-1, [-1]):
             restricted.add(id(output))
         elif not (isinstance(layer, TokenPooling) and _ROW_READ.get(layer.method, rows) < rows):
             raise _ReadsOtherRows(layer.name)
