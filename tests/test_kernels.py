@@ -199,6 +199,10 @@ def test_xla_encoder_blocks_match_the_portable_inference(monkeypatch, batch):
     inference = _traced(lambda x: model(x, training=False), True)
     assert len(_xla_functions(inference, tf.constant(x))) == 1  # both blocks call the same compiled function
     assert not _xla_functions(_traced(lambda x: model(x, training=False), False), tf.constant(x))
+    twin = keras_vit.head_rows_model(model)  # what predict runs: the last block with output_tokens=1, compiled too
+    twin_inference = _traced(lambda x: twin(x, training=False), True)
+    assert len(_xla_functions(twin_inference, tf.constant(x))) == 2  # the full blocks' function, the last block's
+    np.testing.assert_allclose(twin_inference(tf.constant(x)), portable, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -394,7 +398,7 @@ def test_failing_or_wrong_xla_block_probe_turns_the_blocks_off(monkeypatch, capl
     monkeypatch.undo()
     monkeypatch.setattr(machine, "detect", lambda: kernels.Capabilities(AVX2, onednn=False))
     kernels.machine_choice.cache_clear()
-    monkeypatch.setattr(tf_ops, "compiled_inference_call", lambda layer, x: x)  # a wrong compiled result
+    monkeypatch.setattr(tf_ops, "compiled_inference_call", lambda layer, x, **sizes: x)  # a wrong compiled result
     assert not kernels.machine_choice().xla_encoder_blocks
 
 

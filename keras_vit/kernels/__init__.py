@@ -156,12 +156,16 @@ def compiled_inference(call):
     """Decorates a layer's `call(x, training=None, ...)`: in float32 inference of a statically known
     batch of at most `XLA_BLOCK_MAX_ROWS` tokens, with `xla_encoder_blocks` chosen, the same `call` runs
     as one XLA-compiled function (`tf_ops.compiled_inference_call`); otherwise, or for a layer whose
-    variables are not those of its config (quantized, LoRA), as it is."""
+    variables are not those of its config (quantized, LoRA), as it is. Integer keyword arguments (sizes,
+    such as the block's `output_tokens`) are compiled in; any other one set (`return_attention_scores`)
+    runs the call as it is."""
 
     @functools.wraps(call)
     def maybe_compiled(layer, x, training=None, **kwargs):
-        if not training and not any(kwargs.values()) and _compilable_input(x) and active().xla_encoder_blocks:
-            compiled = tf_ops.compiled_inference_call(layer, x)
+        sizes = {key: value for key, value in kwargs.items() if _is_size(value)}
+        others_set = any(value for key, value in kwargs.items() if key not in sizes)
+        if not training and not others_set and _compilable_input(x) and active().xla_encoder_blocks:
+            compiled = tf_ops.compiled_inference_call(layer, x, **sizes)
             if compiled is not None:
                 return compiled
         return call(layer, x, training=training, **kwargs)
@@ -197,6 +201,10 @@ def _checkpointed(function):
         import torch.utils.checkpoint
         return functools.partial(torch.utils.checkpoint.checkpoint, function, use_reentrant=False)
     return function  # numpy and others: no gradients to save memory on
+
+
+def _is_size(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _compilable_input(x) -> bool:

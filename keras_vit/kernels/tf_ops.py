@@ -178,27 +178,29 @@ def _gelu_backward(x, dy):
 _compiled_layer_calls: dict = {}
 
 
-def compiled_inference_call(layer: keras.layers.Layer, x):
-    """`layer(x, training=False)`, its own `call` run as one XLA-compiled function of (weights, x); None
-    for a layer whose variables differ from those of a new layer of its config (quantized, LoRA).
+def compiled_inference_call(layer: keras.layers.Layer, x, **sizes: int):
+    """`layer(x, training=False, **sizes)`, its own `call` run as one XLA-compiled function of (weights, x);
+    None for a layer whose variables differ from those of a new layer of its config (quantized, LoRA).
+    `sizes`: integer keyword arguments of the call (a block's `output_tokens`), compiled in.
 
-    One trace per layer class, config (less the name), variables and input shape, shared by every layer
-    that has them: the twelve blocks of a ViT-B/16 compile once. The trace runs a template layer of that
+    One trace per layer class, config (less the name), variables, input shape and sizes, shared by every
+    layer that has them: the twelve blocks of a ViT-B/16 compile once (the last, with `output_tokens`, once
+    more in `keras_vit.head_rows_model`). The trace runs a template layer of that
     config through `stateless_call` with the given layer's weights, on the portable ops.
     """
     config = {key: value for key, value in layer.get_config().items() if key != "name"}
     variables = tuple((tuple(v.shape), v.dtype, v.trainable) for v in layer.variables)
     key = (type(layer), repr(sorted(config.items())), tuple(x.shape), keras.backend.standardize_dtype(x.dtype),
-           variables)
+           variables, tuple(sorted(sizes.items())))
     if key not in _compiled_layer_calls:
-        _compiled_layer_calls[key] = _compile(layer, tuple(x.shape), variables)
+        _compiled_layer_calls[key] = _compile(layer, tuple(x.shape), variables, sizes)
     compiled = _compiled_layer_calls[key]
     if compiled is None:
         return None
     return compiled([v.value for v in layer.trainable_variables], [v.value for v in layer.non_trainable_variables], x)
 
 
-def _compile(layer: keras.layers.Layer, input_shape: tuple, variables: tuple):
+def _compile(layer: keras.layers.Layer, input_shape: tuple, variables: tuple, sizes: dict):
     """The XLA-compiled stateless call of a template of `layer`'s config, or None if its variables differ."""
     template = type(layer).from_config(layer.get_config())
     template.build(input_shape)
@@ -209,6 +211,6 @@ def _compile(layer: keras.layers.Layer, input_shape: tuple, variables: tuple):
 
     def run(trainable, non_trainable, x):
         with scope.cpu_kernels(False):  # XLA compiles the portable ops
-            return template.stateless_call(trainable, non_trainable, x, training=False)[0]
+            return template.stateless_call(trainable, non_trainable, x, training=False, **sizes)[0]
 
     return xla_compiled(run, reduce_retracing=False)
