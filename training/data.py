@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from concurrent import futures
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -22,6 +22,7 @@ from .configs import Config
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 AUTOTUNE = tf.data.AUTOTUNE
+PROGRESS_FROM = 10_000  # Folders of this many images or more show a progress bar while they are checked.
 
 
 @dataclasses.dataclass
@@ -49,17 +50,29 @@ def digits_source(split: str, test_fraction: float = datasets.TEST_FRACTION,
                   tf.data.experimental.AutoShardPolicy.DATA)
 
 
-def _decodable(path: str, max_pixels: int) -> bool:
-    """True if `path` is a regular file that the pipeline's decoder reads as an image of at most
-    `max_pixels` pixels (checked from the header first, so oversized files are never decoded).
-    FIFOs, devices and folders named like images are refused without being opened."""
-    if not os.path.isfile(path):
-        return False
-    try:
-        image_io.decode_rgb(tf.io.read_file(path), max_pixels)
-        return True
-    except (tf.errors.OpError, OSError):
-        return False
+def _readable(paths: list[str], max_pixels: int) -> list[bool]:
+    """Which of `paths` are regular files that the pipeline's decoder reads as images of at most `max_pixels` pixels
+    (the header is checked first, so oversized files are never decoded). FIFOs, devices and folders named like
+    images are refused without being opened. The files are decoded in parallel by tf.data, with a progress bar
+    for large folders."""
+    regular = [index for index, path in enumerate(paths) if os.path.isfile(path)]
+    if not regular:
+        return [False] * len(paths)
+
+    def check(index, path):
+        image = image_io.decode_rgb(tf.io.read_file(path), max_pixels)
+        with tf.control_dependencies([image]):
+            return tf.identity(index)
+
+    candidates = tf.data.Dataset.from_tensor_slices((np.array(regular, "int64"), [paths[i] for i in regular]))
+    decoded = candidates.map(check, num_parallel_calls=AUTOTUNE, deterministic=False).ignore_errors()
+    progress = keras.utils.Progbar(len(regular), unit_name="image", verbose=int(len(regular) >= PROGRESS_FROM))
+    readable = set()
+    for indices in decoded.batch(1024).as_numpy_iterator():
+        readable.update(indices.tolist())
+        progress.update(len(readable))
+    progress.update(len(regular), finalize=True)  # Every file is checked: the unreadable ones too.
+    return [index in readable for index in range(len(paths))]
 
 
 def folder_source(root: str, split: str, class_names: list[str] | None = None,
@@ -96,8 +109,8 @@ def folder_source(root: str, split: str, class_names: list[str] | None = None,
     if not paths:
         raise ValueError(f"Image folder {split_dir!r} has fewer images than the run's {shard.count} processes. "
                          "Expected at least one image per process.")
-    with futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        readable = list(pool.map(lambda path: _decodable(path, max_pixels), paths))
+    logging.info("Checking the %d image(s) of %s", len(paths), split_dir)
+    readable = _readable(paths, max_pixels)
     bad = [path for path, ok in zip(paths, readable) if not ok]
     if bad:
         logging.warning("Skipping %d unreadable image(s) (corrupt, truncated, empty, unsupported or over "
