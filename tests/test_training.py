@@ -241,6 +241,17 @@ def test_empty_and_missing_image_folders(tmp_path):
         data.folder_source(str(tmp_path), "test")
 
 
+def test_a_large_image_folder_shows_a_progress_bar_while_it_is_checked(tmp_path, monkeypatch, capsys):
+    _write_images(tmp_path / "train" / "cat", 3)
+    (tmp_path / "train" / "cat" / "broken.png").write_bytes(b"not an image")
+    monkeypatch.setattr(data, "PROGRESS_FROM", 5)
+    assert data.folder_source(str(tmp_path), "train").skipped == 1
+    assert capsys.readouterr().out == ""  # 4 files: below the threshold, quiet.
+    monkeypatch.setattr(data, "PROGRESS_FROM", 4)
+    assert data.folder_source(str(tmp_path), "train").num_examples == 3
+    assert "4/4" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_image_folder_trains_and_counts_corrupt_images(tmp_path):
     for split, count in (("train", 6), ("test", 2)):
@@ -402,29 +413,6 @@ def test_mirrored_two_cpus_matches_default_and_checks_batch(tmp_path):
     assert float(result.stdout.split("MOVED:")[1].split()[0]) > 1e-2, result.stdout
 
 
-@pytest.mark.slow
-def test_multiworker_two_processes_end_with_identical_weights(tmp_path):
-    ports = _free_ports(2)
-    processes = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
-                     "task": {"type": "worker", "index": index}}
-        processes.append(subprocess.Popen(
-            _cli(tmp_path, "epochs=2", "steps_per_epoch=3", "validate=true", extra=("--strategy=multiworker",)),
-            env={**_env(), "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True))
-    outputs = []
-    for process in processes:
-        try:
-            outputs.append(process.communicate(timeout=200)[0])
-        finally:
-            process.kill()
-    assert [p.returncode for p in processes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
-    chief, other = _weights(str(tmp_path / "model.keras")), _weights(str(tmp_path / "worker_1" / "model.keras"))
-    assert all(np.array_equal(a, b) for a, b in zip(chief, other))
-    assert json.load(open(tmp_path / "model.eval.json"))["optimizer_iterations"] == 6
-
-
 KILLABLE_WORKER = [sys.executable, "-m", "tests.killable_run"]  # WORKDIR KILL_AT STRATEGY OVERRIDES...
 
 
@@ -460,10 +448,11 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path):
     Worker 1's backup is then rolled back to its previous one (step 4, epoch 1), as a kill between the two
     workers' writes of the step-6 backup would leave it: the chief's state wins (with Keras' plain
     BackupAndRestore both workers fail at the first step on mismatched collectives). Backups that agree are
-    the simpler case of the same restore (one run of this test: the suite's time)."""
+    the simpler case of the same restore (one run of this test: the suite's time). The restart is the command line's
+    `--strategy=multiworker` run, which validates every epoch and ends with both workers' models identical."""
     ports = _free_ports(2)
-    overrides = [*TINY, "epochs=3", "steps_per_epoch=4", "backup_every_steps=2", "validate=false"]
-    first = _start_workers(tmp_path, ports, kill_at=[-1, 7], overrides=overrides)
+    run = ["epochs=3", "steps_per_epoch=4", "backup_every_steps=2", "validate=true"]
+    first = _start_workers(tmp_path, ports, kill_at=[-1, 7], overrides=[*TINY, *run])
     killed_code, killed_output = _wait(first[1], timeout=200)
     assert killed_code == -signal.SIGKILL, killed_output[-3000:]
     start = time.time()
@@ -480,9 +469,16 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path):
         os.replace(backup / f"{name}.bkp", backup / name)
     assert json.loads((backup / "training_metadata.json").read_text()) == {"epoch": 0, "batch": 3}
 
-    second = _start_workers(tmp_path, ports, kill_at=[-1, 7], overrides=overrides)
+    second = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+                     "task": {"type": "worker", "index": index}}
+        second.append(subprocess.Popen(_cli(tmp_path, *run, extra=("--strategy=multiworker",)), cwd=REPO,
+                                       env={**_env(), "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True))
     results = [_wait(process, timeout=200) for process in second]
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    assert f"model saved to {tmp_path / 'model.keras'}" in results[0][1], results[0][1][-3000:]
     for outdir in (tmp_path, tmp_path / "worker_1"):
         starts = [json.loads(line) for line in (outdir / "train_log.jsonl").read_text().splitlines()]
         # The restart begins exactly at the last backup: epoch 2 (index 1) from its first batch,
