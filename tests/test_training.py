@@ -416,15 +416,13 @@ def test_mirrored_two_cpus_matches_default_and_checks_batch(tmp_path):
 KILLABLE_WORKER = [sys.executable, "-m", "tests.killable_run"]  # WORKDIR KILL_AT STRATEGY OVERRIDES...
 
 
-def _start_workers(workdir, ports: list[int], kill_at: list[int], overrides: list[str]) -> list[subprocess.Popen]:
-    """One process per port, each running KILLABLE_WORKER with its own TF_CONFIG on 127.0.0.1."""
+def _start_workers(ports: list[int], commands: list[list[str]]) -> list[subprocess.Popen]:
+    """One process per port: `commands[i]` as worker i, with its own TF_CONFIG on 127.0.0.1."""
     processes = []
-    for index, port in enumerate(ports):
+    for index, command in enumerate(commands):
         tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
-        processes.append(subprocess.Popen(
-            [*KILLABLE_WORKER, str(workdir), str(kill_at[index]), "multiworker", *overrides], cwd=REPO,
-            env={**_env(), "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True))
+        processes.append(subprocess.Popen(command, cwd=REPO, env={**_env(), "TF_CONFIG": json.dumps(tf_config)},
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return processes
 
 
@@ -452,7 +450,8 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path):
     `--strategy=multiworker` run, which validates every epoch and ends with both workers' models identical."""
     ports = _free_ports(2)
     run = ["epochs=3", "steps_per_epoch=4", "backup_every_steps=2", "validate=true"]
-    first = _start_workers(tmp_path, ports, kill_at=[-1, 7], overrides=[*TINY, *run])
+    first = _start_workers(ports, [[*KILLABLE_WORKER, str(tmp_path), kill_at, "multiworker", *TINY, *run]
+                                   for kill_at in ("-1", "7")])
     killed_code, killed_output = _wait(first[1], timeout=200)
     assert killed_code == -signal.SIGKILL, killed_output[-3000:]
     start = time.time()
@@ -469,13 +468,7 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path):
         os.replace(backup / f"{name}.bkp", backup / name)
     assert json.loads((backup / "training_metadata.json").read_text()) == {"epoch": 0, "batch": 3}
 
-    second = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
-                     "task": {"type": "worker", "index": index}}
-        second.append(subprocess.Popen(_cli(tmp_path, *run, extra=("--strategy=multiworker",)), cwd=REPO,
-                                       env={**_env(), "TF_CONFIG": json.dumps(tf_config)}, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True))
+    second = _start_workers(ports, [_cli(tmp_path, *run, extra=("--strategy=multiworker",))] * 2)
     results = [_wait(process, timeout=200) for process in second]
     assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
     assert f"model saved to {tmp_path / 'model.keras'}" in results[0][1], results[0][1][-3000:]
