@@ -16,7 +16,7 @@ import keras_vit
 import keras_vit.fewshot
 from keras_vit import inspection as vit_inspect
 from tests.testing import (TINY_HYBRID, TINY_VIT, hf_state_dict, needs, save_checkpoint, save_safetensors,
-                           timm_family_state_dict, timm_state_dict, vit_checkpoint)
+                           timm_family_state_dict, timm_state_dict, vit_checkpoint, xla_flags)
 
 BACKENDS = [pytest.param("jax", id="jax"),
             pytest.param("torch", id="torch", marks=needs("torch", "the PyTorch Keras backend"))]
@@ -81,7 +81,7 @@ def workdir(tmp_path_factory):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_backend_matches_tensorflow_and_trains(workdir, backend):
     path, tensorflow_logits, tensorflow_fewshot = workdir
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": xla_flags()}
     done = subprocess.run([sys.executable, "-m", "tests.backend_worker", str(path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -113,7 +113,7 @@ def test_layer_and_keras_tool_tests_pass_on_backend(backend):
     """The layer tests, the head-rows twin of `predict` (`tests/test_head_rows.py`), and quantization and LoRA
     through Keras' tools (the trained digits int8 check, slow, runs on TensorFlow only: the quantized numerics of
     every projection are checked on each backend)."""
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": xla_flags()}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
                            "tests/test_layers.py", "tests/test_keras_tools.py", "tests/test_head_rows.py"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

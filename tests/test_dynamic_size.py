@@ -20,7 +20,7 @@ from keras_vit import layers as vit_layers
 from keras_vit import models
 from keras_vit.checkpoints import loader, npz, resample
 from tests.testing import (TINY_HYBRID, TINY_VIT, graph_op_types, hf_state_dict, save_checkpoint, save_safetensors,
-                           timm_family_state_dict, timm_state_dict, to_numpy, vit_checkpoint)
+                           timm_family_state_dict, timm_state_dict, to_numpy, vit_checkpoint, xla_flags)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGITS = dict(classes=10, classifier_activation=None)
@@ -297,7 +297,7 @@ def test_jax_backend_gives_the_same_logits(tmp_path, checkpoint, any_size_model)
         images = np.load({str(tmp_path / "images.npz")!r})
         np.savez({str(tmp_path / "jax.npz")!r}, **{{key: model.predict(images[key], verbose=0) for key in images}})
     """)
-    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": xla_flags()}
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

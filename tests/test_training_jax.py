@@ -1,7 +1,7 @@
 """`training/` on JAX: keras.distribution sharding, crash-safe resume and the command line.
 
 The test session runs on TensorFlow and Keras fixes its backend at import, so every JAX run is a
-subprocess with KERAS_BACKEND=jax and 4 CPU host devices (XLA_FLAGS=--xla_force_host_platform_device_count=4).
+subprocess with KERAS_BACKEND=jax and 4 CPU host devices (`tests.testing.xla_flags`).
 The checks that need no JAX devices (options that exist on one backend only) run here, on TensorFlow.
 """
 
@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.testing import TRAIN_VIT_OVERRIDES
+from tests.testing import TRAIN_VIT_OVERRIDES, xla_flags
 from keras_vit.training import configs, distribute, recipe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +28,7 @@ TINY = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=2", "ste
 
 
 def _jax_env() -> dict[str, str]:
-    return {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}",
+    return {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": xla_flags(DEVICES),
             "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
 
 
