@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from keras_vit import datasets
-from keras_vit.training import configs, data, multihost
+from keras_vit.training import configs, data, distribute, multihost
 from tests.test_training_jax import FIXED_BATCH, REPO, TINY, _report
 from tests.testing import xla_flags
 
@@ -103,6 +103,14 @@ def test_cluster_without_anything_set_is_one_process(monkeypatch):
 def test_impossible_clusters_are_refused_before_joining(cluster, message):
     with pytest.raises(ValueError, match=message):
         cluster.check()
+
+
+def test_a_split_model_is_refused_in_a_run_of_several_processes():
+    with pytest.raises(ValueError, match=r"model_parallel=2 with 2 processes: keras_vit saves a split model from one "
+                                         r"process only\. Expected model_parallel=1 \(DataParallel\)"):
+        distribute.check_model_parallel_processes(2, 2)
+    for model_parallel, processes in ((1, 2), (2, 1), (2, None)):  # DataParallel, or one process: nothing raised
+        distribute.check_model_parallel_processes(model_parallel, processes)
 
 
 def _rendezvous_all(clusters: list[multihost.Cluster], timeout_s: float) -> list[str | None]:
@@ -249,30 +257,7 @@ def _numpy_top1(model_path: str, overrides: list[str]) -> int:
     return int((logits.argmax(1) == labels).sum())
 
 
-@pytest.mark.slow  # two JAX processes (about 25 s)
-def test_cli_with_2_processes_trains_evaluates_exactly_and_process_0_saves(tmp_path):
-    """360 test digits in global batches of 16 (22.5 batches: each process pads its last one)."""
-    overrides = [*TINY, "epochs=2", "steps_per_epoch=4", "validate=true"]
-    port = _free_port()
-    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", *[f"--override={o}" for o in overrides]]
-    start = time.monotonic()
-    results = _run_processes([_cli(tmp_path, *flags, "--process_id=0"), _cli(tmp_path, *flags, "--process_id=1")],
-                             [_env(None, port)] * 2, 240)
-    wall = time.monotonic() - start
-    first, second = map(_ok, results)
-    summary = json.loads((tmp_path / "model.eval.json").read_text())
-    assert f"model saved to {tmp_path / 'model.keras'}" in first.stdout
-    assert second.stdout.strip().endswith("process 1: eval done, process 0 saved the model")
-    assert summary["num_eval_examples"] == 360 and summary["optimizer_iterations"] == 8
-    assert round(summary["top1"] * 360) == _numpy_top1(str(tmp_path / "model.keras"), overrides)
-    assert sorted(os.listdir(tmp_path)) == ["backup", "checkpoints", "history.csv", "model.eval.json", "model.keras",
-                                            "tensorboard", "train_log.jsonl"]  # No worker_1 folder.
-    assert not os.listdir(tmp_path / "backup")  # Both processes' backups are deleted when the run completes.
-    assert len((tmp_path / "history.csv").read_text().splitlines()) == 3  # header + 2 epochs, from process 0 only
-    print(f"2-process CLI run: loss {summary['loss']:.4f}, top-1 {summary['top1']:.4f}, {wall:.1f} s")
-
-
-@pytest.mark.slow  # two JAX processes that fail at the batch check (about 15 s)
+@pytest.mark.slow  # JAX processes that fail at the batch check or before joining (about 15 s)
 def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
     port = _free_port()
     flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", "--join_timeout=3",
@@ -284,13 +269,13 @@ def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
             "keras-vit-train: Global batch size 6 is not divisible by the 4 replicas of DataParallel over 2 processes. "
             "Expected a positive multiple of 4.")
     port = _free_port()
-    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", "--model_parallel=2",
+    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", "--model_parallel=2", "--join_timeout=3",
              *[f"--override={o}" for o in TINY]]
-    for result in _run_processes([_cli(tmp_path, *flags, f"--process_id={i}") for i in (0, 1)],
-                                 [_env(None, port)] * 2, 120):
-        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
-            "keras-vit-train: model_parallel=2 with 2 processes: keras_vit saves a split model from one process "
-            "only. Expected model_parallel=1 (DataParallel) in a multi-process run.")
+    split = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, port),
+                           capture_output=True, text=True, timeout=120)  # Refused before joining: no process 0.
+    assert split.returncode == 1 and split.stderr.strip().splitlines()[-1] == (
+        "keras-vit-train: model_parallel=2 with 2 processes: keras_vit saves a split model from one process "
+        "only. Expected model_parallel=1 (DataParallel) in a multi-process run.")
     flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", "--join_timeout=3"]
     alone = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, _free_port()),
                            capture_output=True, text=True, timeout=120)
@@ -305,9 +290,11 @@ KILLABLE_RUN = [sys.executable, "-m", "tests.killable_run"]  # WORKDIR KILL_AT S
 @pytest.mark.slow  # three 2-process runs (about 60 s)
 def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupted_run(tmp_path):
     """Process 1 SIGKILLs itself at step 20 (epoch 2 of 3); process 0 stops on its own instead of waiting forever.
-    The same commands again resume both from process 0's epoch-1 state and end as a run never killed."""
+    The same commands again resume both from process 0's epoch-1 state and end as the run never killed, which runs
+    through the command line: it evaluates the 360 test digits exactly (global batches of 32: each process pads
+    its last one), and process 0 alone saves."""
     overrides = [*TINY, "train_split=train[:29%]", "batch_size=32", "steps_per_epoch=0", "epochs=3",
-                 "shuffle_buffer=0", "inception_crop=false", "warmup_steps=5"]
+                 "shuffle_buffer=0", "inception_crop=false", "warmup_steps=5", "validate=true"]
     killed, port = tmp_path / "killed", _free_port()
     envs = [_env(0, port), _env(1, port)]
     procs = [subprocess.Popen([*KILLABLE_RUN, str(killed), kill_at, "auto", *overrides], cwd=REPO, env=env,
@@ -326,9 +313,19 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
     port = _free_port()
     resumed = [_report(_ok(r).stdout) for r in _run_processes(
         [[*KILLABLE_RUN, str(killed), "-1", "auto", *overrides]] * 2, [_env(0, port), _env(1, port)], 240)]
-    port = _free_port()
-    straight = _report(_ok(_run_processes([[*KILLABLE_RUN, str(tmp_path / "straight"), "-1", "auto", *overrides]] * 2,
-                                          [_env(0, port), _env(1, port)], 240)[0]).stdout)
+    port, straight_dir = _free_port(), tmp_path / "straight"
+    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", *[f"--override={o}" for o in overrides]]
+    first, second = map(_ok, _run_processes([_cli(straight_dir, *flags, f"--process_id={i}") for i in (0, 1)],
+                                            [_env(None, port)] * 2, 240))
+    straight = json.loads((straight_dir / "model.eval.json").read_text())
+    assert f"model saved to {straight_dir / 'model.keras'}" in first.stdout
+    assert second.stdout.strip().endswith("process 1: eval done, process 0 saved the model")
+    assert straight["num_eval_examples"] == 360
+    assert round(straight["top1"] * 360) == _numpy_top1(str(straight_dir / "model.keras"), overrides)
+    assert sorted(os.listdir(straight_dir)) == ["backup", "checkpoints", "history.csv", "model.eval.json",
+                                                "model.keras", "tensorboard", "train_log.jsonl"]  # No worker_1 folder.
+    assert not os.listdir(straight_dir / "backup")  # Both processes' backups are deleted when the run completes.
+    assert len((straight_dir / "history.csv").read_text().splitlines()) == 4  # header + 3 epochs, from process 0
     starts = [json.loads(line) for line in (killed / "train_log.jsonl").read_text().splitlines()]
     assert starts == [{"initial_epoch": 0, "optimizer_iterations": 0}, {"initial_epoch": 1, "optimizer_iterations": 13}]
     assert resumed[0]["optimizer_iterations"] == straight["optimizer_iterations"] == 39

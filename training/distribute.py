@@ -127,11 +127,17 @@ def _jax_distribution(name: str, tpu: str, model_parallel: int) -> Strategy:
     if model_parallel == 1:
         # Each process reads its own shard of the input (training/data.py): Keras assembles the global batch.
         return keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
-    if multihost.process_count() > 1:
-        raise ValueError(f"model_parallel={model_parallel} with {multihost.process_count()} processes: keras_vit "
-                         "saves a split model from one process only. Expected model_parallel=1 (DataParallel) in "
-                         "a multi-process run.")
+    check_model_parallel_processes(model_parallel, multihost.process_count())
     return model_parallel_distribution(devices, model_parallel)
+
+
+def check_model_parallel_processes(model_parallel: int, num_processes: int | None) -> None:
+    """Raises ValueError for a split model (`model_parallel` > 1) in a run of several processes. The command line
+    checks it before the processes join, so that a run that cannot start fails at once."""
+    if model_parallel != 1 and (num_processes or 1) > 1:
+        raise ValueError(f"model_parallel={model_parallel} with {num_processes} processes: keras_vit saves a split "
+                         "model from one process only. Expected model_parallel=1 (DataParallel) in a multi-process "
+                         "run.")
 
 
 def model_parallel_distribution(devices: list[str], model_parallel: int) -> keras.distribution.ModelParallel:

@@ -94,6 +94,7 @@ def main(argv: list[str]) -> None:
                 raise ValueError("--multi_process, --coordinator_address, --num_processes and --process_id (and "
                                  "KERAS_DISTRIBUTION_*) join JAX processes: run with KERAS_BACKEND=jax, or on "
                                  "TensorFlow set TF_CONFIG and use --strategy=multiworker.")
+            distribute.check_model_parallel_processes(_MODEL_PARALLEL.value, cluster.num_processes)
             multihost.initialize(cluster, _JOIN_TIMEOUT.value, _HEARTBEAT_TIMEOUT.value)
         strategy = distribute.get_strategy(_STRATEGY.value, _TPU.value, _MODEL_PARALLEL.value)
         distribute.check_global_batch(config.batch_size, strategy)
