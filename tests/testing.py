@@ -32,7 +32,7 @@ def needs(package: str, why: str) -> pytest.MarkDecorator:
 
 
 # A JAX test process compiles hundreds of tiny one-off computations (each eager op, each step of a few-step run), so
-# compiling is most of its time. At XLA's backend optimization level 0 they compile about twice as fast; outputs agree
+# much of its time is compiling. At XLA's backend optimization level 0 they compile about twice as fast; outputs agree
 # to float32 rounding (a tiny ViT's forward bit for bit, its weights after 3 Adam steps to 1.5e-8 on the AVX2 EPYC).
 JAX_TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
