@@ -229,6 +229,28 @@ def test_xla_encoder_blocks_are_float32_inference_only(monkeypatch, block_and_to
     assert not _xla_functions(_traced(lambda x: bf16_block(x, training=False), True), x)
 
 
+def test_one_template_per_block_config_and_changed_variables_refused(monkeypatch, block_and_tokens):
+    """The compiled calls at two batch sizes, with and without `output_tokens`, equal the portable call and build
+    one template between them; a block whose variables are not its config's (quantized, LoRA) is refused."""
+    block, tokens = block_and_tokens
+    monkeypatch.setattr(tf_ops, "_templates", {})
+    monkeypatch.setattr(tf_ops, "_compiled_layer_calls", {})
+    built = []
+    build_template = tf_ops._template
+    monkeypatch.setattr(tf_ops, "_template", lambda *args: built.append(args[1]) or build_template(*args))
+    _force(monkeypatch, kernels.PORTABLE)
+    for x in (tokens, tokens[:1]):
+        for sizes in ({}, {"output_tokens": 1}):
+            compiled = tf_ops.compiled_inference_call(block, tf.constant(x), **sizes)
+            np.testing.assert_allclose(compiled, block(x, training=False, **sizes), rtol=1e-5, atol=1e-5)
+    assert built == [(None, 9, 32)]
+    for change in (lambda layer: layer.quantize("int8"), lambda layer: layer.enable_lora(2)):
+        changed = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64)
+        changed.build((None, 9, 32))
+        change(changed.mlp.dense_0)
+        assert tf_ops.compiled_inference_call(changed, tf.constant(tokens)) is None
+
+
 def test_bfloat16_projections_as_convolutions_match_the_matmuls(monkeypatch, block_and_tokens):
     """The AMX choice, forced: it runs (emulated) on any CPU, so the maths is checked everywhere."""
     block = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64, dtype="mixed_bfloat16")
