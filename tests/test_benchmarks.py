@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import cases, matmul_floor, run, serving, torchvision_stub, worker
+from benchmarks import ab, cases, matmul_floor, run, serving, torchvision_stub, worker
 from tests.testing import needs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +61,19 @@ def test_worker_times_a_quick_case_in_this_process(capsys):
     (result,) = json.loads(lines[0][len(worker.RESULT_PREFIX):])
     assert result["status"] == "ok" and result["case"] == case.name, result
     assert len(result["latencies"]) == case.iters and min(result["latencies"]) > 0
+
+
+@pytest.mark.parametrize("kind, result, expected", [
+    ("startup", {"t_first_prediction": 112.5}, [12.5]),  # process start (100.0) to the first prediction
+    ("inference", {"latencies": [0.25, 0.5]}, [0.25, 0.5]),
+])
+def test_ab_reads_each_case_kind_from_the_worker(monkeypatch, kind, result, expected):
+    case = next(case for case in cases.FULL_CASES if case.kind == kind)
+    line = worker.RESULT_PREFIX + json.dumps([{"status": "ok", **result}])
+    monkeypatch.setattr(ab.time, "time", lambda: 100.0)
+    monkeypatch.setattr(ab.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
+        command, 0, stdout=f"log line\n{line}\n", stderr=""))
+    assert ab._latencies(str(ROOT), case, 2) == expected
 
 
 @pytest.mark.slow
