@@ -6,7 +6,8 @@
 
 Each (tree, case) runs `benchmarks.worker keras_vit` of that tree in a fresh subprocess with the tree first on
 `PYTHONPATH`; the trees alternate within every case and round (the order rotates), so machine noise hits
-both alike. Prints the median step latency of each and the speed ratio after / before (> 1: faster).
+both alike. Prints each round's medians and those of all rounds so far (one round's process can drift: compare
+the rounds too), then the median step latency of each and the speed ratio after / before (> 1: faster).
 """
 
 from __future__ import annotations
@@ -59,9 +60,13 @@ def main(argv: list[str] | None = None) -> None:
     for round_index in range(args.rounds):
         for case in selected:
             order = (args.before, args.after) if round_index % 2 == 0 else (args.after, args.before)
+            this_round = {}
             for tree in order:
-                samples[(case.name, tree)].extend(_latencies(tree, case, args.threads))
-            print(f"[round {round_index + 1}/{args.rounds}] {case.name}: before "
+                this_round[tree] = _latencies(tree, case, args.threads)
+                samples[(case.name, tree)].extend(this_round[tree])
+            print(f"[round {round_index + 1}/{args.rounds}] {case.name}: this round before "
+                  f"{statistics.median(this_round[args.before]) * 1e3:.1f} ms, after "
+                  f"{statistics.median(this_round[args.after]) * 1e3:.1f} ms; all rounds so far before "
                   f"{statistics.median(samples[(case.name, args.before)]) * 1e3:.1f} ms, after "
                   f"{statistics.median(samples[(case.name, args.after)]) * 1e3:.1f} ms", flush=True)
     print("\n| case | before (ms) | after (ms) | after / before speed |\n|---|---:|---:|---:|")

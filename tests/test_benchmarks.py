@@ -76,6 +76,18 @@ def test_ab_reads_each_case_kind_from_the_worker(monkeypatch, kind, result, expe
     assert ab._latencies(str(ROOT), case, 2) == expected
 
 
+def test_ab_prints_each_round_beside_all_rounds_so_far(monkeypatch, capsys):
+    timings = iter([[0.3], [0.2], [0.1], [0.4]])  # round 1: before, after; round 2: after, before
+    monkeypatch.setattr(ab, "_latencies", lambda tree, case, threads: next(timings))
+    ab.main(["/before", "/after", "--cases", "infer_fp32_bs1", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert ("[round 1/2] infer_fp32_bs1: this round before 300.0 ms, after 200.0 ms; all rounds so far before "
+            "300.0 ms, after 200.0 ms") in out
+    assert ("[round 2/2] infer_fp32_bs1: this round before 400.0 ms, after 100.0 ms; all rounds so far before "
+            "350.0 ms, after 150.0 ms") in out
+    assert "| infer_fp32_bs1 | 350.0 | 150.0 | 2.333x |" in out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("accelerator", [False, True])
 def test_worker_gives_keras_its_input_on_the_device_as_timm_has_it(accelerator, monkeypatch, capsys):
