@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.testing import python_path
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,7 +32,7 @@ def _lint_imports(folder: Path) -> subprocess.CompletedProcess:
     script = Path(sys.executable).with_name("lint-imports")
     command = [str(script)] if script.exists() else [
         sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"]
-    env = dict(os.environ, PYTHONPATH=str(folder))  # This copy, not the installed (editable) keras_vit.
+    env = dict(os.environ, PYTHONPATH=python_path(str(folder)))  # This copy, not the installed (editable) keras_vit.
     return subprocess.run([*command, "--config", str(ROOT / ".importlinter"), "--no-cache"], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=300)
 

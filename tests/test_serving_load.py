@@ -29,6 +29,7 @@ from keras_vit.cli import export as export_cli
 from keras_vit.export import saved_model, serving
 from tests import images as odd
 from tests.test_export import TF1Server, tiny_model
+from tests.testing import python_path
 
 MAX_BATCH = 16
 REQUESTS = 240  # Sent once in order, then again from THREADS threads.
@@ -285,7 +286,7 @@ def test_oversized_images_do_not_raise_peak_memory(export_dir, valid, bad, tmp_p
     figures = {}
     for mode in ("valid", "oversized", "large_valid"):
         result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(export_dir), str(images_file), mode],
-                                env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                                env={**os.environ, "PYTHONPATH": python_path(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"},
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr[-3000:]
         figures[mode] = json.loads(result.stdout.split("MEMORY:")[1])

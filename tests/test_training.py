@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from tests.testing import TRAIN_VIT, TRAIN_VIT_OVERRIDES, save_checkpoint, vit_checkpoint
+from tests.testing import TRAIN_VIT, TRAIN_VIT_OVERRIDES, python_path, save_checkpoint, vit_checkpoint
 from keras_vit.training import configs, data, supervised, trainer
 from keras_vit.training.configs import Config
 
@@ -36,7 +36,7 @@ def tiny_config(*overrides: str, recipe: str = "digits") -> Config:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    return {**os.environ, "PYTHONPATH": python_path(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def _cli(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -197,7 +197,7 @@ LOAD_WITHOUT_TRAINING = textwrap.dedent("""
 @pytest.mark.slow
 def test_saved_model_loads_without_the_training_package(tmp_path):
     summary = trainer.train_and_evaluate(tiny_config("epochs=1"), str(tmp_path / "run"), verbose=0)
-    env = {key: value for key, value in _env().items() if key != "PYTHONPATH"}  # keras_vit: the installed one.
+    env = {**_env(), "PYTHONPATH": python_path()}  # keras_vit: the installed one.
     result = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_TRAINING, summary["model_path"]], cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

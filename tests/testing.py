@@ -43,6 +43,13 @@ def xla_flags(devices: int | None = None) -> str:
     return f"{os.environ.get('XLA_FLAGS', '')} {JAX_TEST_XLA_FLAGS}{devices_flag}".strip()
 
 
+def python_path(*first: str) -> str:
+    """`PYTHONPATH` for a test's subprocess: `first`, then this environment's own entries (an environment whose
+    packages come by `PYTHONPATH`, not site-packages, keeps them)."""
+    own = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry not in first]
+    return os.pathsep.join([*first, *own])
+
+
 def to_numpy(x, dtype=None) -> np.ndarray:
     """A tensor or variable of any Keras backend as a NumPy array (of `dtype` if given)."""
     array = keras.ops.convert_to_numpy(x)
