@@ -64,7 +64,7 @@ def logits_model(model: keras.Model) -> keras.Model:
         if not (isinstance(last, keras.layers.Activation) and activation is keras.activations.softmax):
             raise ValueError(f"Expected the model to end in its logits or a softmax of them. Received last layer "
                              f"{last.name!r} ({type(last).__name__}, activation={activation!r}).")
-    return keras.Model(model.inputs, head.output, name=f"{model.name}_logits")
+    return keras.Model(model.input, head.output, name=f"{model.name}_logits")
 
 
 def vit_config(model: keras.Model) -> variants.ViTConfig | None:

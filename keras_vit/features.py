@@ -122,8 +122,7 @@ def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, o
                              name=f"grid_{index}")
         splits = splitter(tokens) if stride is None else splitter(tokens, model.inputs[0])
         outputs[f"block_{index}_prefix"], outputs[f"block_{index}"] = splits
-    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
-    return keras.Model(inputs, outputs, name=f"{model.name}_features")
+    return keras.Model(model.input, outputs, name=f"{model.name}_features")
 
 
 class _AttentionProbe(keras.layers.Layer):
@@ -208,7 +207,7 @@ def embedding_model(model: keras.Model, source: str = "pooled", l2_normalize: bo
         embedding = head.output if source == "head" else _head_input(model, head)
     if l2_normalize:
         embedding = keras.layers.UnitNormalization(axis=-1, name="l2_normalize")(embedding)
-    return keras.Model(model.inputs, {"embedding": embedding}, name=f"{model.name}_embedding")
+    return keras.Model(model.input, {"embedding": embedding}, name=f"{model.name}_embedding")
 
 
 def _head_input(model: keras.Model, head: keras.layers.Layer):
@@ -248,8 +247,8 @@ def zero_shot_classifier(model: keras.Model, class_embeddings, *, source: str = 
         classifier_activation, name="predictions", dtype="float32")(logits)
     from keras_vit.models import ViTModel  # the models import this module
 
-    return ViTModel(model.inputs, outputs, name=f"{model.name}_zero_shot", vit_config=getattr(model, "vit_config",
-                                                                                               None))
+    return ViTModel(model.input, outputs, name=f"{model.name}_zero_shot", vit_config=getattr(model, "vit_config",
+                                                                                              None))
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -311,5 +310,5 @@ def explain_model(model: keras.Model) -> keras.Model:
                             name="attention_rollout")(probe.output["attention"])
     resized = keras.layers.Resizing(height, width, interpolation="bilinear", name="rollout_resize",
                                     dtype="float32")(ops.expand_dims(grid, -1))
-    return keras.Model(probe.inputs, {"output": probe.output["output"], "rollout": resized[..., 0]},
+    return keras.Model(probe.input, {"output": probe.output["output"], "rollout": resized[..., 0]},
                        name=f"{model.name}_explain")

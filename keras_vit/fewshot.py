@@ -32,7 +32,7 @@ def feature_extractor(model: keras.Model) -> keras.Model:
     names = {layer.name for layer in model.layers}
     for name in FEATURE_LAYERS:
         if name in names:
-            return ViTModel(model.inputs, model.get_layer(name).output, name=f"{model.name}_features")
+            return ViTModel(model.input, model.get_layer(name).output, name=f"{model.name}_features")
     raise ValueError(f"Model {model.name!r} has none of the layers {FEATURE_LAYERS} to take features from.")
 
 

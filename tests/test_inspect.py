@@ -243,7 +243,7 @@ def test_feature_extractor_takes_the_heads_input():
     for options, layer in ((dict(fc_norm=True, num_register_tokens=2), "fc_norm"),
                            (dict(classifier="map"), "MAPHead_0")):
         model = tiny_model(**options)
-        head_input = keras.Model(model.inputs, model.get_layer("head").input)  # what the head sees, after fc_norm
+        head_input = keras.Model(model.input, model.get_layer("head").input)  # what the head sees, after fc_norm
         extractor = fewshot.feature_extractor(model)
         assert extractor.layers[-1].name == layer
         np.testing.assert_array_equal(np.asarray(extractor(images)), np.asarray(head_input(images)))
@@ -255,7 +255,7 @@ def test_feature_extractor_takes_the_heads_input():
 def test_digits_few_shot_and_its_command_line(saved_model, capsys):
     model = keras.saving.load_model(saved_model)
     results = fewshot.digits_accuracy(model, shots=(1, 5), seeds=2)
-    pooled = keras.Model(model.inputs, model.get_layer("pool").output)  # No pre_logits: the pooled token.
+    pooled = keras.Model(model.input, model.get_layer("pool").output)  # No pre_logits: the pooled token.
     expected = digits_few_shot_reference(pooled, shots=(1, 5), seeds=2)
     assert sorted(results) == [1, 5]
     for k in (1, 5):

@@ -6,6 +6,7 @@ loads them."""
 import json
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import features, image_io, inspection
+from keras_vit import features, fewshot, image_io, inspection
 from keras_vit.cli import export as export_cli
 from keras_vit.export import model_io, saved_model
 from tests.test_export import TF1Server, tiny_model
@@ -30,7 +31,7 @@ def as_numpy(outputs):
 def test_rollout_layer_matches_the_numpy_rollout(kind, overrides):
     model = tiny_model(kind, **overrides)
     explained = features.explain_model(model)
-    grid = keras.Model(explained.inputs, explained.get_layer("attention_rollout").output)(PIXELS)
+    grid = keras.Model(explained.input, explained.get_layer("attention_rollout").output)(PIXELS)
     np.testing.assert_allclose(np.asarray(grid), inspection.attention_rollout(model, PIXELS), rtol=0, atol=1e-6)
     outputs = explained(PIXELS)
     assert outputs["rollout"].shape == (3, 32, 32)
@@ -53,6 +54,24 @@ def test_embedding_is_what_the_head_reads_and_normalizes_to_unit_length():
         features.embedding_model(tiny_model("plain", include_top=False))
     with pytest.raises(ValueError, match="Unknown embedding source 'cls'"):
         features.embedding_model(model, "cls")
+
+
+def test_derived_models_take_an_image_tensor_as_the_model_does():
+    """A model built from a ViT's layers keeps the ViT's input structure: called with a batch of images, as the ViT
+    is, it warns nothing. (Built from `model.inputs`, a list, Keras warns on every such call that the structure of
+    the inputs does not match.)"""
+    model = tiny_model("plain", classifier_activation=None)
+    derived = {"feature_extractor": fewshot.feature_extractor(model),
+               "features_model": features.features_model(model),
+               "embedding_model": features.embedding_model(model),
+               "zero_shot_classifier": features.zero_shot_classifier(model, np.eye(4, 10)),
+               "explain_model": features.explain_model(model),
+               "logits_model": model_io.logits_model(model)}
+    for name, view in derived.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            view(PIXELS)
+        assert not isinstance(view.input, (list, tuple, dict)), (name, view.input)
 
 
 def test_zero_shot_classifier_is_the_scaled_cosine_with_the_class_embeddings():
