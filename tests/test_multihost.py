@@ -34,6 +34,11 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _cluster_flags(port: int, *extra: str) -> list[str]:
+    """keras-vit-train's flags for a 2-process run meeting at localhost:`port`, then `extra`."""
+    return [f"--coordinator_address=localhost:{port}", "--num_processes=2", *extra]
+
+
 def _env(process_id: int | None, port: int, devices: int = DEVICES_PER_PROCESS, num_processes: int = 2) -> dict:
     """A JAX process's environment: `devices` host devices, and with a `process_id`, Keras' variables that make it
     process `process_id` of `num_processes` meeting at localhost:`port`."""
@@ -260,8 +265,7 @@ def _numpy_top1(model_path: str, overrides: list[str]) -> int:
 @pytest.mark.slow  # JAX processes that fail at the batch check or before joining (about 15 s)
 def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
     port = _free_port()
-    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", "--join_timeout=3",
-             *[f"--override={o}" for o in TINY], "--override=batch_size=6"]
+    flags = _cluster_flags(port, "--join_timeout=3", *[f"--override={o}" for o in TINY], "--override=batch_size=6")
     for result in _run_processes([_cli(tmp_path, *flags, f"--process_id={i}") for i in (0, 1)],
                                  [_env(None, port)] * 2, 120):
         assert result.returncode == 1
@@ -269,14 +273,13 @@ def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
             "keras-vit-train: Global batch size 6 is not divisible by the 4 replicas of DataParallel over 2 processes. "
             "Expected a positive multiple of 4.")
     port = _free_port()
-    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", "--model_parallel=2", "--join_timeout=3",
-             *[f"--override={o}" for o in TINY]]
+    flags = _cluster_flags(port, "--model_parallel=2", "--join_timeout=3", *[f"--override={o}" for o in TINY])
     split = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, port),
                            capture_output=True, text=True, timeout=120)  # Refused before joining: no process 0.
     assert split.returncode == 1 and split.stderr.strip().splitlines()[-1] == (
         "keras-vit-train: model_parallel=2 with 2 processes: keras_vit saves a split model from one process "
         "only. Expected model_parallel=1 (DataParallel) in a multi-process run.")
-    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", "--join_timeout=3"]
+    flags = _cluster_flags(port, "--join_timeout=3")
     alone = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, _free_port()),
                            capture_output=True, text=True, timeout=120)
     assert alone.returncode == 1 and "Traceback" not in alone.stderr
@@ -314,7 +317,7 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
     resumed = [_report(_ok(r).stdout) for r in _run_processes(
         [[*KILLABLE_RUN, str(killed), "-1", "auto", *overrides]] * 2, [_env(0, port), _env(1, port)], 240)]
     port, straight_dir = _free_port(), tmp_path / "straight"
-    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2", *[f"--override={o}" for o in overrides]]
+    flags = _cluster_flags(port, *[f"--override={o}" for o in overrides])
     first, second = map(_ok, _run_processes([_cli(straight_dir, *flags, f"--process_id={i}") for i in (0, 1)],
                                             [_env(None, port)] * 2, 240))
     straight = json.loads((straight_dir / "model.eval.json").read_text())
@@ -345,7 +348,7 @@ def test_masked_pretraining_then_bfloat16_finetuning_with_accumulation_on_2_proc
               "eval_split=test"]
     masked_flags = [f"--override={o}" for o in common]
     port = _free_port()
-    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
+    flags = _cluster_flags(port)
     runs = _run_processes([_cli(tmp_path / "masked", "--config=masked_patches", *flags, *masked_flags,
                                 f"--process_id={i}") for i in (0, 1)], [_env(None, port)] * 2, 240)
     assert "masked patch loss" in _ok(runs[0]).stdout and _ok(runs[1]).returncode == 0
@@ -353,7 +356,7 @@ def test_masked_pretraining_then_bfloat16_finetuning_with_accumulation_on_2_proc
     finetune_flags = [*masked_flags, f"--override=weights={encoder}", "--override=precision=bfloat16",
                       "--override=grad_accum_steps=2"]
     port = _free_port()
-    flags = [f"--coordinator_address=localhost:{port}", "--num_processes=2"]
+    flags = _cluster_flags(port)
     runs = _run_processes([_cli(tmp_path / "finetune", "--config=finetune", *flags, *finetune_flags,
                                 f"--process_id={i}") for i in (0, 1)], [_env(None, port)] * 2, 240)
     assert "top-1 " in _ok(runs[0]).stdout and _ok(runs[1]).returncode == 0
