@@ -229,6 +229,18 @@ class ViTModel(CpuKernelSteps, keras.Model):
                 else:
                     projection.trainable = False
 
+    def quantize(self, mode: str, **kwargs) -> None:
+        """Keras' `Model.quantize(mode)`: the encoder's projections and the head get `mode`'s weights and matmuls.
+
+        The patch embedding (a hybrid's ResNet too), the LayerNorms, the class and register tokens and the
+        position embeddings stay float: Keras has no quantized form of them. Keras warns once for each such layer
+        class; for the layers keras_vit builds (`FLOAT_LAYERS`) that warning is left out, a layer of your own
+        still gets it.
+        """
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", _FLOAT_LAYER_NOTICE, UserWarning)
+            super().quantize(mode, **kwargs)
+
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights` (Keras files); says to use `keras_vit.load_weights` for checkpoints."""
         if os.fspath(filepath).endswith((".npz", ".safetensors")):
@@ -239,6 +251,23 @@ class ViTModel(CpuKernelSteps, keras.Model):
 
 
 _HEAD_ROWS_TWINS = weakref.WeakKeyDictionary()  # ViTModel -> its head_rows_model, made once
+
+
+def _unquantizable(module) -> set[str]:
+    """The names of `module`'s layer classes that have no `quantize` of their own (Keras' base one refuses)."""
+    return {name for name, value in vars(module).items() if isinstance(value, type)
+            and issubclass(value, keras.layers.Layer) and value.quantize is keras.layers.Layer.quantize}
+
+
+# The layer classes of keras_vit's models that Keras cannot quantize, which stay float: keras_vit's own, and the
+# Keras layers its builders use.
+FLOAT_LAYERS = frozenset(_unquantizable(vit_layers) | _unquantizable(resnet) | {
+    layer.__name__ for layer in (keras.layers.InputLayer, keras.layers.Rescaling, keras.layers.Dropout,
+                                 keras.layers.Identity, keras.layers.Activation, keras.layers.ReLU,
+                                 keras.layers.LayerNormalization, keras.layers.GroupNormalization,
+                                 keras.layers.MaxPooling2D)})
+# Keras' warning for each of them (keras.Model.quantize).
+_FLOAT_LAYER_NOTICE = rf"Layer ({'|'.join(sorted(FLOAT_LAYERS))}) does not have a `quantize` method implemented"
 
 
 def _stateless_predict(model: keras.Model, twin: keras.Model, state, data):

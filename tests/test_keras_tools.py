@@ -5,6 +5,8 @@ Which path computes what: a quantized `Dense` / `HeadProjection` takes Keras' qu
 to Keras' own layer); a LoRA layer computes through `keras_vit.kernels.dense` with its merged kernel.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -50,6 +52,34 @@ def test_quantized_logits_stay_close_to_float32(mode, tolerance):
     got = to_numpy(model.predict(x, verbose=0))
     assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max()
     assert np.abs(got - expected).max() > 0  # the quantized weights are in use
+
+
+class _OwnScale(keras.layers.Layer):
+    """A layer of the user's own, without a `quantize`."""
+
+    def call(self, x):
+        return 2.0 * x
+
+
+def test_quantize_is_keras_without_its_notice_for_each_float_layer_of_ours():
+    """`ViTModel.quantize` quantizes as `keras.Model.quantize` does (the same outputs, bit for bit) without Keras'
+    warning for each layer keras_vit builds that stays float; a layer of the user's own still gets it."""
+    ours, theirs = _model(), _model()
+    randomize(ours, scale=0.1)
+    theirs.set_weights(ours.get_weights())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours.quantize("int8")
+    assert not [w for w in caught if issubclass(w.category, UserWarning)], [str(w.message) for w in caught]
+    with pytest.warns(UserWarning, match="Layer PositionEmbedding does not have a `quantize` method"):
+        keras.Model.quantize(theirs, "int8")
+    assert {layer.quantization_mode for _, layer in _projections(ours)} == {"int8"}
+    x = _images()
+    np.testing.assert_array_equal(to_numpy(ours.predict(x, verbose=0)), to_numpy(theirs.predict(x, verbose=0)))
+    backbone = _model(include_top=False, pooling="token")
+    mine = keras_vit.ViTModel(backbone.input, _OwnScale(name="own_scale")(backbone.output))
+    with pytest.warns(UserWarning, match="Layer _OwnScale does not have a `quantize` method"):
+        mine.quantize("int8")
 
 
 @pytest.mark.parametrize("make_ours, make_keras, input_shape", [
