@@ -204,9 +204,26 @@ def test_saved_model_loads_without_the_training_package(tmp_path):
     assert "LOGITS SHAPE: (2, 10)" in result.stdout and "TRAINING IMPORTED: False" in result.stdout
 
 
-def test_inception_crop_returns_requested_size():
-    crop = data.inception_crop(tf.random.uniform((40, 30, 3)), size=24, min_area=0.05)
-    assert crop.shape == (24, 24, 3)
+def test_inception_crop_returns_requested_size_and_is_a_function_of_its_seed():
+    image = tf.random.uniform((40, 30, 3), seed=1)
+    crops = [np.asarray(data.inception_crop(image, size=24, min_area=0.05, seed=tf.constant([seed, 7])))
+             for seed in (0, 0, 1, 2, 3)]
+    assert crops[0].shape == (24, 24, 3)
+    np.testing.assert_array_equal(crops[0], crops[1])
+    assert len({crop.tobytes() for crop in crops}) == 4  # four seeds, four boxes
+
+
+def test_training_batches_are_the_same_for_the_same_seed():
+    """The augmentations draw from per-example stateless seeds: two pipelines of one config give the same batches
+    (the parallel map's thread order does not matter); another seed gives other batches."""
+    def first_batches(seed):
+        config = tiny_config("inception_crop=true", "crop_min_area=0.3", "random_flip=true", f"seed={seed}")
+        return [images.numpy() for images, _ in data.make_datasets(config).train.take(3)]
+
+    first, again, other = first_batches(0), first_batches(0), first_batches(1)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first[0], other[0])
 
 
 @pytest.mark.slow

@@ -171,10 +171,11 @@ def get_source(config: Config, split: str, training: bool, class_names: list[str
 # === Preprocessing ===
 
 
-def inception_crop(image: tf.Tensor, size: int, min_area: float) -> tf.Tensor:
-    """A random box covering `min_area`-100% of the image, aspect ratio 3/4-4/3, resized to `size`."""
-    begin, crop_size, _ = tf.image.sample_distorted_bounding_box(
-        tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), min_object_covered=0.0,
+def inception_crop(image: tf.Tensor, size: int, min_area: float, seed: tf.Tensor) -> tf.Tensor:
+    """A random box covering `min_area`-100% of the image, aspect ratio 3/4-4/3, resized to `size`; the box is
+    a function of `seed` (a stateless op's shape-[2] seed)."""
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed, min_object_covered=0.0,
         aspect_ratio_range=(3 / 4, 4 / 3), area_range=(min_area, 1.0), max_attempts=10,
         use_image_if_no_bounding_boxes=True)
     crop = tf.slice(image, begin, crop_size)
@@ -183,17 +184,26 @@ def inception_crop(image: tf.Tensor, size: int, min_area: float) -> tf.Tensor:
 
 
 def _train_map(config: Config, num_classes: int):
-    def preprocess(image, label):
+    """The training preprocessing of one (image, label) example, its randomness drawn from `seed` (stateless ops:
+    the same seeds give the same crops and flips whatever order the parallel map's threads run in)."""
+    def preprocess(example, seed):
+        image, label = example
+        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         image = tf.cast(image, tf.float32)
         if config.inception_crop:
-            image = inception_crop(image, config.image_size, config.crop_min_area)
+            image = inception_crop(image, config.image_size, config.crop_min_area, crop_seed)
         else:
             image = tf.image.resize(image, (config.image_size, config.image_size))
         if config.random_flip:
-            image = tf.image.random_flip_left_right(image)
+            image = tf.image.stateless_random_flip_left_right(image, flip_seed)
         return image, tf.one_hot(label, num_classes)
 
     return preprocess
+
+
+def _example_seeds(seed: int, shard: multihost.Shard) -> tf.data.Dataset:
+    """One shape-[2] stateless seed per training example, a fixed stream for `seed` and this process."""
+    return tf.data.Dataset.random(seed=seed * 1000003 + shard.index).batch(2)
 
 
 def _eval_map(config: Config, num_classes: int):
@@ -281,6 +291,7 @@ def make_datasets(config: Config) -> Datasets:
     train_ds = train.dataset.repeat()
     if config.shuffle_buffer > 1:
         train_ds = train_ds.shuffle(config.shuffle_buffer, seed=config.seed)
+    train_ds = tf.data.Dataset.zip(train_ds, _example_seeds(config.seed, shard))
     train_ds = train_ds.map(_train_map(config, train.num_classes), num_parallel_calls=AUTOTUNE)
     train_ds = train_ds.batch(batch_size, drop_remainder=True)
     augment = _batch_augment(config)
