@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from keras_vit.training import data, supervised
 from tests.test_multihost import _env, _free_port, _run_processes
-from tests.testing import python_path, xla_flags
+from tests.testing import subprocess_env, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -155,8 +155,7 @@ def test_top1_of_449_images_is_the_same_on_1_2_4_8_devices_on_jax_and_tensorflow
     assert 20 < correct < 429, correct  # neither all right nor all wrong: the count can tell
     table = {}
     for backend, extra in (("tensorflow", {}), ("jax", {"XLA_FLAGS": xla_flags(8)})):
-        env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": python_path(REPO), "TF_CPP_MIN_LOG_LEVEL": "2",
-               "CUDA_VISIBLE_DEVICES": "", **extra}
+        env = subprocess_env(KERAS_BACKEND=backend, **extra)
         done = subprocess.run([sys.executable, "-c", EVAL_SCRIPT, backend, str(digits_folder),
                                str(tmp_path / "model.weights.h5"), *overrides],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

@@ -16,8 +16,8 @@ import pytest
 
 import keras_vit
 from keras_vit import fewshot, masked
-from tests.testing import (TINY_HYBRID, TINY_VIT, TRAIN_VIT_OVERRIDES, digits_few_shot_reference, python_path,
-                           randomize, ridge_few_shot_accuracy, run_serialization_test)
+from tests.testing import (TINY_HYBRID, TINY_VIT, TRAIN_VIT_OVERRIDES, digits_few_shot_reference,
+                           randomize, ridge_few_shot_accuracy, run_serialization_test, subprocess_env)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = (32, 32, 3)
@@ -272,7 +272,7 @@ MIRRORED_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_mirrored_two_cpus_fit_on_images_matches_one_device():
-    env = {**os.environ, "PYTHONPATH": python_path(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    env = subprocess_env()
     result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT], env=env, cwd=REPO, capture_output=True,
                             text=True, timeout=200)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -23,7 +23,7 @@ import pytest
 from keras_vit import datasets
 from keras_vit.training import configs, data, distribute, multihost
 from tests.test_training_jax import FIXED_BATCH, REPO, TINY, _report
-from tests.testing import python_path, xla_flags
+from tests.testing import subprocess_env, xla_flags
 
 DEVICES_PER_PROCESS = 2
 
@@ -42,8 +42,7 @@ def _cluster_flags(port: int, *extra: str) -> list[str]:
 def _env(process_id: int | None, port: int, devices: int = DEVICES_PER_PROCESS, num_processes: int = 2) -> dict:
     """A JAX process's environment: `devices` host devices, and with a `process_id`, Keras' variables that make it
     process `process_id` of `num_processes` meeting at localhost:`port`."""
-    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": xla_flags(devices),
-           "PYTHONPATH": python_path(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    env = subprocess_env(KERAS_BACKEND="jax", XLA_FLAGS=xla_flags(devices))
     for name in (multihost.ENV_ADDRESSES, multihost.ENV_NUM_PROCESSES, multihost.ENV_PROCESS_ID):
         env.pop(name, None)
     if process_id is not None:

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from tests.testing import TRAIN_VIT, TRAIN_VIT_OVERRIDES, python_path, save_checkpoint, vit_checkpoint
+from tests.testing import TRAIN_VIT, TRAIN_VIT_OVERRIDES, python_path, save_checkpoint, subprocess_env, vit_checkpoint
 from keras_vit.training import configs, data, supervised, trainer
 from keras_vit.training.configs import Config
 
@@ -33,10 +33,6 @@ TINY = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=2", "ste
 
 def tiny_config(*overrides: str, recipe: str = "digits") -> Config:
     return configs.apply_overrides(configs.get_config(recipe), [*TINY, *overrides])
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": python_path(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def _cli(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -197,7 +193,7 @@ LOAD_WITHOUT_TRAINING = textwrap.dedent("""
 @pytest.mark.slow
 def test_saved_model_loads_without_the_training_package(tmp_path):
     summary = trainer.train_and_evaluate(tiny_config("epochs=1"), str(tmp_path / "run"), verbose=0)
-    env = {**_env(), "PYTHONPATH": python_path()}  # keras_vit: the installed one.
+    env = subprocess_env(PYTHONPATH=python_path())  # keras_vit: the installed one.
     result = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_TRAINING, summary["model_path"]], cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -419,7 +415,7 @@ def test_mirrored_two_cpus_matches_default_and_checks_batch(tmp_path):
     # SGD: Adam's m / sqrt(v) would turn float rounding in near-zero gradients into full-size steps.
     overrides = [*TINY, "inception_crop=false", "shuffle_buffer=0", "epochs=1", "steps_per_epoch=4",
                  "optimizer=sgd", "lr=0.1", "weight_decay=0", "global_clipnorm=0.05"]  # Clipping active.
-    result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, str(tmp_path), *overrides], env=_env(),
+    result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, str(tmp_path), *overrides], env=subprocess_env(),
                             capture_output=True, text=True, timeout=200)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "BATCH ERROR: Global batch size 15 is not divisible by the 2 replicas of MirroredStrategy" in result.stdout
@@ -438,8 +434,9 @@ def _start_workers(ports: list[int], commands: list[list[str]]) -> list[subproce
     processes = []
     for index, command in enumerate(commands):
         tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
-        processes.append(subprocess.Popen(command, cwd=REPO, env={**_env(), "TF_CONFIG": json.dumps(tf_config)},
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = subprocess_env(TF_CONFIG=json.dumps(tf_config))
+        processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
     return processes
 
 
@@ -505,7 +502,8 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path):
 def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
     command = _cli(tmp_path, "epochs=40", "steps_per_epoch=4")
     history = tmp_path / "history.csv"
-    process = subprocess.Popen(command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
     deadline = time.time() + 120
     while time.time() < deadline and process.poll() is None:
         if history.exists() and len(history.read_text().splitlines()) >= 3:  # Header + 2 epochs.
@@ -514,7 +512,7 @@ def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
     assert process.poll() is None, "training ended before it could be killed"
     process.send_signal(signal.SIGKILL)
     process.wait()
-    result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=150)
+    result = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
     starts = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert starts[0] == {"initial_epoch": 0, "optimizer_iterations": 0}
@@ -526,8 +524,8 @@ def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
 
 @pytest.mark.slow
 def test_cli_help_explains_every_flag():
-    result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--help"], env=_env(), capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--help"], env=subprocess_env(),
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode in (0, 1), result.stderr  # absl exits with 1 after printing --help.
     for flag in ("--config", "--override", "--workdir", "--strategy", "--tpu", "--model_parallel", "--verbose",
                  "--[no]print_config"):
@@ -538,8 +536,8 @@ def test_cli_help_explains_every_flag():
 @pytest.mark.slow
 def test_cli_print_config_applies_overrides(tmp_path):
     result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--config=finetune", f"--workdir={tmp_path}",
-                             "--override=lr=0.01", "--print_config"], env=_env(), capture_output=True, text=True,
-                            timeout=60)
+                             "--override=lr=0.01", "--print_config"], env=subprocess_env(), capture_output=True,
+                            text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     config = json.loads(result.stdout)
     assert (config["recipe"], config["optimizer"], config["lr"]) == ("finetune", "sgd", 0.01)

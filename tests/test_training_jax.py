@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.testing import TRAIN_VIT_OVERRIDES, python_path, xla_flags
+from tests.testing import TRAIN_VIT_OVERRIDES, subprocess_env, xla_flags
 from keras_vit.training import configs, distribute, recipe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,8 +28,7 @@ TINY = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=2", "ste
 
 
 def _jax_env() -> dict[str, str]:
-    return {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": xla_flags(DEVICES),
-            "PYTHONPATH": python_path(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess_env(KERAS_BACKEND="jax", XLA_FLAGS=xla_flags(DEVICES))
 
 
 def _run_jax(command: list[str], timeout: float) -> subprocess.CompletedProcess:

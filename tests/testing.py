@@ -43,11 +43,21 @@ def xla_flags(devices: int | None = None) -> str:
     return f"{os.environ.get('XLA_FLAGS', '')} {JAX_TEST_XLA_FLAGS}{devices_flag}".strip()
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def python_path(*first: str) -> str:
     """`PYTHONPATH` for a test's subprocess: `first`, then this environment's own entries (an environment whose
     packages come by `PYTHONPATH`, not site-packages, keeps them)."""
     own = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry not in first]
     return os.pathsep.join([*first, *own])
+
+
+def subprocess_env(**variables: str) -> dict[str, str]:
+    """The environment of a test's Python subprocess: this one's, with this repository first on `PYTHONPATH`,
+    TensorFlow's info logs off and no GPU, then `variables`."""
+    return {**os.environ, "PYTHONPATH": python_path(REPO), "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "",
+            **variables}
 
 
 def to_numpy(x, dtype=None) -> np.ndarray:
