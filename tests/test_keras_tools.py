@@ -5,6 +5,7 @@ Which path computes what: a quantized `Dense` / `HeadProjection` takes Keras' qu
 to Keras' own layer); a LoRA layer computes through `keras_vit.kernels.dense` with its merged kernel.
 """
 
+import gc
 import warnings
 
 import keras
@@ -83,6 +84,24 @@ def test_quantize_is_keras_without_its_notice_for_each_float_layer_of_ours():
     mine = keras_vit.ViTModel(backbone.input, _OwnScale(name="own_scale")(backbone.output))
     with pytest.warns(UserWarning, match="Layer _OwnScale does not have a `quantize` method"):
         mine.quantize("int8")
+
+
+def test_quantize_collects_garbage_once_where_keras_collects_for_each_deleted_kernel(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda generation=2: calls.append(generation) or 0)
+    counting = gc.collect
+    theirs = _model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        keras.Model.quantize(theirs, "int8")
+    assert len(calls) == len(_projections(theirs)) + 1  # Keras: one per float kernel deleted, the head's too
+    calls.clear()
+    ours = _model()
+    ours.quantize("int8")
+    assert calls == [2] and gc.collect is counting
+    with pytest.raises(ValueError, match="int3"):
+        _model().quantize("int3")
+    assert gc.collect is counting  # restored after an error too
 
 
 @pytest.mark.parametrize("make_ours, make_keras, input_shape", [
