@@ -30,3 +30,9 @@ def _float32_policy():
     keras.mixed_precision.set_global_policy("float32")
     yield
     keras.mixed_precision.set_global_policy("float32")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `slow` tests first, each group in collection order: with `-n 2` the workers start on the long tests and
+    end on short ones, so neither waits long for the other at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
