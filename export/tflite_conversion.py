@@ -23,6 +23,7 @@ import tensorflow as tf
 from ai_edge_litert import schema_py_generated as schema
 
 from keras_vit import _tf_internals
+from keras_vit.head_rows import head_rows_model
 
 from . import ALL_MODES, model_io
 
@@ -74,8 +75,11 @@ def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[
 def _converter(model: keras.Model, options: dict[str, Any],
                pixel_input: bool = True) -> Iterator[tf.lite.TFLiteConverter]:
     """A TFLiteConverter of `model` at batch 1 with `options` (`converter_options`): taking [0, 255] pixels through
-    the model's preprocessing, or with `pixel_input=False` the model's own input (any Keras image model)."""
-    pixel_model = model_io.with_pixel_input(model) if pixel_input else model
+    the model's preprocessing, or with `pixel_input=False` the model's own input (any Keras image model). What is
+    converted is `keras_vit.head_rows_model(model)`: the same outputs, the last encoder block computing only the
+    rows the head reads (for a model that is not a keras_vit classifier on a token, `model` itself)."""
+    twin = head_rows_model(model)
+    pixel_model = model_io.with_pixel_input(twin, model_io.input_fields(model)) if pixel_input else twin
     height, width = model_io.image_size(model) if pixel_input else model.input_shape[1:3]
     # Keras' ExportArchive to a SavedModel, then TensorFlow's converter: what `Model.export(format="litert")`
     # does from Keras 3.12, on every Keras release this package supports.

@@ -377,3 +377,18 @@ def test_full_int8_without_the_converter_internals_is_plain_convert(tmp_path, mo
     interpreter = Interpreter(model_path=str(path))
     interpreter.allocate_tensors()
     assert "BATCH_MATMUL" in tflite.outside_delegates(interpreter)[0]
+
+
+def test_files_are_converted_from_the_head_rows_twin(tmp_path):
+    """The last block of a `.tflite` file computes its MLP on the class token's row alone (`head_rows_model`), the
+    first block on all 5 tokens; the outputs are the Keras model's."""
+    model = tiny_model()
+    path = tflite.convert(model, tmp_path / "float32.tflite", "float32")
+    names, graph = graph_of(path.read_bytes())
+    mlp_rows = [int(np.prod(graph.tensors[op.outputs[0]].shape[:-1])) for name, op in zip(names, graph.operators)
+                if name == "FULLY_CONNECTED" and graph.tensors[op.outputs[0]].shape[-1] == 32]  # tiny_model's mlp_dim
+    assert mlp_rows == [5, 1], mlp_rows
+    images = data.digits(SIZE)[:4]
+    classifier = tflite.LiteRTClassifier(path)
+    np.testing.assert_allclose(np.stack([classifier(image) for image in images]),
+                               model_io.with_pixel_input(model).predict(images, verbose=0), atol=1e-5)
