@@ -15,12 +15,11 @@ import pytest
 import keras_vit
 import keras_vit.fewshot
 from keras_vit import inspection as vit_inspect
-from tests.testing import (TINY_HYBRID, TINY_VIT, hf_state_dict, needs, save_checkpoint, save_safetensors,
+from tests.testing import (REPO, TINY_HYBRID, TINY_VIT, hf_state_dict, needs, save_checkpoint, save_safetensors,
                            timm_family_state_dict, timm_state_dict, vit_checkpoint, xla_flags)
 
 BACKENDS = [pytest.param("jax", id="jax"),
             pytest.param("torch", id="torch", marks=needs("torch", "the PyTorch Keras backend"))]
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (name, checkpoint file, builder arguments, images): plain and hybrid at their native size, a
 # resized rectangular input, and both PyTorch-world layouts (exact GELU, their LayerNorm epsilon;

@@ -19,10 +19,10 @@ from keras_vit import inspection as vit_inspect
 from keras_vit import layers as vit_layers
 from keras_vit import models
 from keras_vit.checkpoints import loader, npz, resample
-from tests.testing import (TINY_HYBRID, TINY_VIT, graph_op_types, hf_state_dict, save_checkpoint, save_safetensors,
-                           timm_family_state_dict, timm_state_dict, to_numpy, vit_checkpoint, xla_flags)
+from tests.testing import (REPO, TINY_HYBRID, TINY_VIT, graph_op_types, hf_state_dict, save_checkpoint,
+                           save_safetensors, timm_family_state_dict, timm_state_dict, to_numpy, vit_checkpoint,
+                           xla_flags)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGITS = dict(classes=10, classifier_activation=None)
 ANY_SIZE = (None, None, 3)
 # The checkpoint's own 32 px (no resampling), larger, non-square and smaller-and-non-square inputs.

@@ -4,7 +4,6 @@ example counts once, on one device or many, on TensorFlow (tf.distribute) and JA
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,9 +14,7 @@ import tensorflow as tf
 
 from keras_vit.training import data, supervised
 from tests.test_multihost import _env, _free_port, _run_processes
-from tests.testing import subprocess_env, xla_flags
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.testing import REPO, subprocess_env, xla_flags
 
 
 def _examples(count: int) -> tf.data.Dataset:

@@ -16,10 +16,9 @@ import pytest
 
 import keras_vit
 from keras_vit import fewshot, masked
-from tests.testing import (TINY_HYBRID, TINY_VIT, TRAIN_VIT_OVERRIDES, digits_few_shot_reference,
+from tests.testing import (REPO, TINY_HYBRID, TINY_VIT, TRAIN_VIT_OVERRIDES, digits_few_shot_reference,
                            randomize, ridge_few_shot_accuracy, run_serialization_test, subprocess_env)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = (32, 32, 3)
 
 

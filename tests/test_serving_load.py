@@ -29,12 +29,11 @@ from keras_vit.cli import export as export_cli
 from keras_vit.export import saved_model, serving
 from tests import images as odd
 from tests.test_export import TF1Server, tiny_model
-from tests.testing import python_path
+from tests.testing import REPO, python_path
 
 MAX_BATCH = 16
 REQUESTS = 240  # Sent once in order, then again from THREADS threads.
 THREADS = 6
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")

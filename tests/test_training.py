@@ -22,11 +22,11 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from tests.testing import TRAIN_VIT, TRAIN_VIT_OVERRIDES, python_path, save_checkpoint, subprocess_env, vit_checkpoint
+from tests.testing import (REPO, TRAIN_VIT, TRAIN_VIT_OVERRIDES, python_path, save_checkpoint, subprocess_env,
+                           vit_checkpoint)
 from keras_vit.training import configs, data, supervised, trainer
 from keras_vit.training.configs import Config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=2", "steps_per_epoch=3", "warmup_steps=2",
         "validate=false", "shuffle_buffer=64"]
 

@@ -18,10 +18,9 @@ import keras
 import numpy as np
 import pytest
 
-from tests.testing import TRAIN_VIT_OVERRIDES, subprocess_env, xla_flags
+from tests.testing import REPO, TRAIN_VIT_OVERRIDES, subprocess_env, xla_flags
 from keras_vit.training import configs, distribute, recipe
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICES = 4
 TINY = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=2", "steps_per_epoch=3", "warmup_steps=2",
         "validate=false", "shuffle_buffer=64"]

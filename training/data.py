@@ -203,7 +203,8 @@ def _train_map(config: Config, num_classes: int):
 
 def _example_seeds(seed: int, shard: multihost.Shard) -> tf.data.Dataset:
     """One shape-[2] stateless seed per training example, a fixed stream for `seed` and this process."""
-    return tf.data.Dataset.random(seed=seed * 1000003 + shard.index).batch(2)  # one stream per (seed, process < 1000003)
+    # One stream per (seed, process index) while the index stays below the prime 1000003.
+    return tf.data.Dataset.random(seed=seed * 1000003 + shard.index).batch(2)
 
 
 def _eval_map(config: Config, num_classes: int):
