@@ -251,6 +251,22 @@ def test_one_template_per_block_config_and_changed_variables_refused(monkeypatch
         assert tf_ops.compiled_inference_call(changed, tf.constant(tokens)) is None
 
 
+def test_a_first_trace_that_probes_and_makes_a_template_is_the_only_trace(monkeypatch, block_and_tokens):
+    """TensorFlow traces a `tf.function` again when its first trace made variables. The probes' layer and the
+    compiled blocks' templates are made in the first trace of a Keras step, eagerly and unseen by it: one trace."""
+    block, tokens = block_and_tokens
+    monkeypatch.setattr(tf_ops, "_templates", {})
+    monkeypatch.setattr(tf_ops, "_compiled_layer_calls", {})
+    monkeypatch.setattr(machine, "choose", lambda capabilities: kernels.KernelChoice(xla_encoder_blocks=True))
+    inference, x = _traced(lambda x: block(x, training=False), True), tf.constant(tokens)
+    for _ in range(2):
+        np.testing.assert_allclose(inference(x), block(x, training=False), rtol=1e-5, atol=1e-5)
+    assert kernels.machine_choice().xla_encoder_blocks  # probed in the first trace, and passed
+    assert len(tf_ops._templates) == 2  # the probe's layer's and the block's, both made in the first trace
+    assert inference.experimental_get_tracing_count() == 1
+    assert _xla_functions(inference, x)
+
+
 def test_bfloat16_projections_as_convolutions_match_the_matmuls(monkeypatch, block_and_tokens):
     """The AMX choice, forced: it runs (emulated) on any CPU, so the maths is checked everywhere."""
     block = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64, dtype="mixed_bfloat16")

@@ -172,9 +172,8 @@ _warned: set[str] = set()
 
 def _probe(what: str, probe, *args) -> bool:
     """Runs `probe` eagerly (outside any graph being traced); False, with one log line, if it fails."""
-    import tensorflow as tf
     try:
-        with tf.init_scope(), scope.cpu_kernels(False):  # the probe itself traces portable surroundings
+        with tf_ops.outside_traced_function(), scope.cpu_kernels(False):  # portable surroundings
             ok = probe(*args)
     except Exception as error:  # noqa: BLE001  anything a kernel can raise means: do not use it
         ok = False

@@ -5,6 +5,7 @@ Nothing here chooses; `keras_vit.kernels.machine` decides which of these a trace
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -205,11 +206,26 @@ def compiled_inference_call(layer: keras.layers.Layer, x, **sizes: int):
     return compiled([v.value for v in layer.trainable_variables], [v.value for v in layer.non_trainable_variables], x)
 
 
+@contextlib.contextmanager
+def outside_traced_function():
+    """Runs eagerly, outside the function being traced, and makes its variables unseen by that function (a
+    probe's layer, a template): TensorFlow traces a `tf.function` again after a first trace that made
+    variables, so a Keras step that builds one of these would be traced twice."""
+    import tensorflow as tf
+
+    def not_lifted(next_creator, **kwargs):
+        return next_creator(**{**kwargs, "experimental_enable_variable_lifting": False})
+
+    with tf.init_scope(), tf.variable_creator_scope(not_lifted):
+        yield
+
+
 def _template(layer: keras.layers.Layer, input_shape: tuple, variables: tuple):
     """A new, built layer of `layer`'s config with its weights split as `layer`'s are; None if its variables
     differ from `variables`."""
     template = type(layer).from_config(layer.get_config())
-    template.build(input_shape)
+    with outside_traced_function():
+        template.build(input_shape)
     if tuple((tuple(v.shape), v.dtype) for v in template.variables) != tuple(v[:2] for v in variables):
         return None
     for weight, (_, _, trainable) in zip(template.variables, variables):
