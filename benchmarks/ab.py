@@ -5,7 +5,8 @@
     python -m benchmarks.ab /tmp/before . --cases startup --rounds 6   # process start to the first prediction
 
 Each (tree, case) runs `benchmarks.worker keras_vit` of that tree in a fresh subprocess with the tree first on
-`PYTHONPATH`; the trees alternate within every case and round (the order rotates), so machine noise hits
+`PYTHONPATH` and `keras_vit.training` / `keras_vit.export` read from the tree's `training/` and `export/` (an
+installed keras_vit, editable or not, would map them to its own copy); the trees alternate within every case and round (the order rotates), so machine noise hits
 both alike. Prints each round's medians and those of all rounds so far (one round's process can drift: compare
 the rounds too), then the median step latency of each and the speed ratio after / before (> 1: faster).
 """
@@ -18,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 
 from benchmarks import cases as cases_lib
@@ -27,13 +29,32 @@ from benchmarks.worker import RESULT_PREFIX
 DEFAULT_CASES = "infer_fp32_bs1,infer_fp32_bs16,train_fp32_bs32"
 
 
+# `python -m benchmarks.worker`, run in a tree (the working directory), with setup.py's `package_dir` packages
+# read from the tree's folders: the before-tree of an A/B of the training or export code is that tree's code.
+TREE_WORKER = textwrap.dedent("""
+    import importlib.abc, importlib.util, os, runpy, sys
+
+    FOLDERS = {"keras_vit.training": "training", "keras_vit.export": "export"}
+
+    class TreeFolders(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name not in FOLDERS:
+                return None
+            folder = os.path.join(os.getcwd(), FOLDERS[name])
+            return importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
+                                                          submodule_search_locations=[folder])
+
+    sys.meta_path.insert(0, TreeFolders())
+    runpy.run_module("benchmarks.worker", run_name="__main__", alter_sys=True)
+""")
+
+
 def _latencies(tree: str, case: cases_lib.Case, threads: int) -> list[float]:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), TF_CPP_MIN_LOG_LEVEL="2",
                OMP_NUM_THREADS=str(threads))
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.worker", "keras_vit", str(threads),
-                           json.dumps(case.to_dict())], cwd=tree, env=env, capture_output=True, text=True,
-                          timeout=1800)
+    proc = subprocess.run([sys.executable, "-c", TREE_WORKER, "keras_vit", str(threads), json.dumps(case.to_dict())],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=1800)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             result = json.loads(line[len(RESULT_PREFIX):])[0]

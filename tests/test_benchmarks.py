@@ -76,6 +76,22 @@ def test_ab_reads_each_case_kind_from_the_worker(monkeypatch, kind, result, expe
     assert ab._latencies(str(ROOT), case, 2) == expected
 
 
+def test_ab_worker_reads_the_training_and_export_packages_of_its_tree(tmp_path):
+    """keras_vit.training and keras_vit.export are a tree's training/ and export/ (setup.py's package_dir): the
+    worker of a before-tree gets that tree's, not those of the keras_vit installed here."""
+    for folder in ("keras_vit", "training", "export", "training/recipes", "benchmarks"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text(f"TREE = {folder!r}\n")
+    (tmp_path / "benchmarks" / "worker.py").write_text(
+        "import sys\nimport keras_vit.export, keras_vit.training.recipes\n"
+        "print(sys.argv[1:], keras_vit.training.recipes.__file__, keras_vit.export.__file__)\n")
+    done = subprocess.run([sys.executable, "-c", ab.TREE_WORKER, "keras_vit", "2"], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['keras_vit',", "'2']", str(tmp_path / "training" / "recipes" / "__init__.py"),
+                                   str(tmp_path / "export" / "__init__.py")]
+
+
 def test_ab_prints_each_round_beside_all_rounds_so_far(monkeypatch, capsys):
     timings = iter([[0.3], [0.2], [0.1], [0.4]])  # round 1: before, after; round 2: after, before
     monkeypatch.setattr(ab, "_latencies", lambda tree, case, threads: next(timings))
