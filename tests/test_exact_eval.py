@@ -68,7 +68,7 @@ def test_weighted_metrics_and_loss_count_only_real_rows():
     assert isinstance(compiled["loss"], keras.losses.CategoricalCrossentropy)
 
 
-# === 449 digits written as PNG files (25% of scikit-learn's 1,797), one set of weights, 1 to 8 devices ===
+# === 449 digits written as PNG files (25% of scikit-learn's 1,797), one set of weights, 1, 2 and 8 devices ===
 
 EVAL_SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -80,14 +80,14 @@ EVAL_SCRIPT = textwrap.dedent("""
     import keras
     from keras_vit.training import configs, data, distribute, multihost, trainer
     cluster = multihost.Cluster.from_flags_and_env()
-    if cluster.given:  # 2 processes: each reads its half of the folder; 1, 2 or 4 of each one's devices.
+    if cluster.given:  # 2 processes: each reads its half of the folder; 1 or 4 of each one's devices.
         multihost.initialize(cluster, join_timeout_s=60, heartbeat_timeout_s=10)
     config = configs.apply_overrides(configs.get_config("digits"), [
         *sys.argv[4:], "dataset=folder", f"data_dir={folder}", "train_split=train", "eval_split=test",
         "batch_size=32"])
     datasets = data.make_datasets(config)
     report = {}
-    for count in ((2, 4, 8) if cluster.given else (1, 2, 4, 8)):
+    for count in ((2, 8) if cluster.given else (1, 2, 8)):
         if backend == "jax":
             import jax
             devices = [d for p in range(jax.process_count())
@@ -129,7 +129,7 @@ def digits_folder(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_top1_of_449_images_is_the_same_on_1_2_4_8_devices_on_jax_and_tensorflow(digits_folder, tmp_path):
+def test_top1_of_449_images_is_the_same_on_1_2_8_devices_on_jax_and_tensorflow(digits_folder, tmp_path):
     import keras
     from keras_vit.training import configs, trainer
     from tests.testing import TRAIN_VIT_OVERRIDES
