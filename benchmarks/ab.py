@@ -6,9 +6,10 @@
 
 Each (tree, case) runs `benchmarks.worker keras_vit` of that tree in a fresh subprocess with the tree first on
 `PYTHONPATH` and `keras_vit.training` / `keras_vit.export` read from the tree's `training/` and `export/` (an
-installed keras_vit, editable or not, would map them to its own copy); the trees alternate within every case and round (the order rotates), so machine noise hits
-both alike. Prints each round's medians and those of all rounds so far (one round's process can drift: compare
-the rounds too), then the median step latency of each and the speed ratio after / before (> 1: faster).
+installed keras_vit, editable or not, would map them to its own copy); the trees alternate within every case and
+round (the order rotates), so machine noise hits both alike. Prints each round's medians and those of all rounds
+so far (one round's process can drift: compare the rounds too), then the median step latency of each and the speed
+ratio after / before (> 1: faster).
 """
 
 from __future__ import annotations

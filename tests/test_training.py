@@ -500,7 +500,8 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
-    command = _cli(tmp_path, "epochs=20", "steps_per_epoch=4")
+    epochs, steps = 20, 4
+    command = _cli(tmp_path, f"epochs={epochs}", f"steps_per_epoch={steps}")
     history = tmp_path / "history.csv"
     process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
@@ -517,8 +518,8 @@ def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
     starts = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert starts[0] == {"initial_epoch": 0, "optimizer_iterations": 0}
     resumed = starts[1]
-    assert resumed["initial_epoch"] >= 2 and resumed["optimizer_iterations"] == 4 * resumed["initial_epoch"]
-    assert json.load(open(tmp_path / "model.eval.json"))["optimizer_iterations"] == 80
+    assert resumed["initial_epoch"] >= 2 and resumed["optimizer_iterations"] == steps * resumed["initial_epoch"]
+    assert json.load(open(tmp_path / "model.eval.json"))["optimizer_iterations"] == steps * epochs
     assert not os.path.exists(tmp_path / "backup" / "worker_0")  # Deleted once the run completes.
 
 
