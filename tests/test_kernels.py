@@ -267,6 +267,47 @@ def test_a_first_trace_that_probes_and_makes_a_template_is_the_only_trace(monkey
     assert _xla_functions(inference, x)
 
 
+def test_a_later_trace_probes_and_makes_a_template_too(monkeypatch, block_and_tokens):
+    """After a first trace that made variables (as Keras' first trace of a step makes its metrics' and optimizer's
+    where no strategy is in scope), `tf.function` allows none in a later trace, `tf.init_scope()` included. The
+    probes' layer and a block's template first needed in a later trace are made all the same: `evaluate` then
+    `test_on_batch` of a fresh model failed with "tf.function only supports singleton tf.Variables created on the
+    first call", and a probe run there failed and turned its kernel off."""
+    block, tokens = block_and_tokens
+    monkeypatch.setattr(tf_ops, "_templates", {})
+    monkeypatch.setattr(tf_ops, "_compiled_layer_calls", {})
+    monkeypatch.setattr(machine, "choose", lambda capabilities: kernels.KernelChoice(xla_encoder_blocks=True))
+    x = tf.constant(tokens)
+    expected = block(x, training=False)
+
+    def step(first_inputs, later):
+        """A tf.function whose first trace (on `first_inputs`) makes a variable and whose later traces run `later`."""
+        made = []
+
+        def call(x):
+            if x.shape[0] != first_inputs.shape[0]:
+                return later(x)
+            if not made:  # TensorFlow traces a first call that made variables twice
+                made.append(tf.Variable(2.0))
+            return x * made[0]
+        function = _traced(call, True)
+        function(first_inputs)
+        return function
+
+    probing = step(x[:1], lambda x: block(x, training=False))  # the first trace uses no kernel
+    np.testing.assert_allclose(probing(x), expected, rtol=1e-5, atol=1e-5)
+    assert kernels.machine_choice().xla_encoder_blocks  # probed in the 2nd trace, and passed
+    assert _xla_functions(probing, x)
+
+    monkeypatch.setattr(tf_ops, "_templates", {})
+    monkeypatch.setattr(tf_ops, "_compiled_layer_calls", {})
+    too_many_rows = -(-kernels.XLA_BLOCK_MAX_ROWS // tokens.shape[1]) + 1  # for a compiled block
+    inference = step(tf.tile(x, (too_many_rows, 1, 1))[:too_many_rows], lambda x: block(x, training=False))
+    assert not tf_ops._templates
+    np.testing.assert_allclose(inference(x), expected, rtol=1e-5, atol=1e-5)  # the template, in the 2nd trace
+    assert len(tf_ops._templates) == 1 and _xla_functions(inference, x)
+
+
 def test_bfloat16_projections_as_convolutions_match_the_matmuls(monkeypatch, block_and_tokens):
     """The AMX choice, forced: it runs (emulated) on any CPU, so the maths is checked everywhere."""
     block = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64, dtype="mixed_bfloat16")

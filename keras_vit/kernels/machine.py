@@ -171,10 +171,9 @@ _warned: set[str] = set()
 
 
 def _probe(what: str, probe, *args) -> bool:
-    """Runs `probe` eagerly (outside any graph being traced); False, with one log line, if it fails."""
+    """Runs `probe` eagerly (`tf_ops.run_outside_traces`); False, with one log line, if it fails."""
     try:
-        with tf_ops.outside_traced_function(), scope.cpu_kernels(False):  # portable surroundings
-            ok = probe(*args)
+        ok = tf_ops.run_outside_traces(_portably, probe, *args)
     except Exception as error:  # noqa: BLE001  anything a kernel can raise means: do not use it
         ok = False
         logger.info("%s unavailable on this machine, using portable ops (%s: %s)", what,
@@ -183,6 +182,11 @@ def _probe(what: str, probe, *args) -> bool:
         if not ok:
             logger.info("%s disagree with the portable ops on this machine; using portable ops", what)
     return ok
+
+
+def _portably(probe, *args) -> bool:
+    with scope.cpu_kernels(False):  # portable surroundings
+        return probe(*args)
 
 
 def _close(fast, portable, tolerance: float) -> bool:

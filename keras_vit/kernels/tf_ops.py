@@ -5,9 +5,10 @@ Nothing here chooses; `keras_vit.kernels.machine` decides which of these a trace
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import functools
 import math
+from typing import Any, Callable
 
 import keras
 from keras import ops
@@ -206,31 +207,34 @@ def compiled_inference_call(layer: keras.layers.Layer, x, **sizes: int):
     return compiled([v.value for v in layer.trainable_variables], [v.value for v in layer.non_trainable_variables], x)
 
 
-@contextlib.contextmanager
-def outside_traced_function():
-    """Runs eagerly, outside the function being traced, and makes its variables unseen by that function (a
-    probe's layer, a template): TensorFlow traces a `tf.function` again after a first trace that made
-    variables, so a Keras step that builds one of these would be traced twice."""
-    import tensorflow as tf
+def run_outside_traces(function: Callable[..., Any], *args) -> Any:
+    """`function(*args)`, run eagerly in a thread of its own, where no graph is being traced (a probe, a template).
 
-    def not_lifted(next_creator, **kwargs):
-        return next_creator(**{**kwargs, "experimental_enable_variable_lifting": False})
-
-    with tf.init_scope(), tf.variable_creator_scope(not_lifted):
-        yield
+    Variables it makes are unseen by any `tf.function` being traced in the calling thread. Made in that thread, a
+    first trace that made variables would be traced again, and a later trace fails: `tf.function` allows
+    variables only in its first trace, `tf.init_scope()` included. Keras' and keras_vit's scopes (dtype policy,
+    `cpu_kernels`) are per thread: in the new thread they are at their defaults. Exceptions reach the caller.
+    """
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="keras_vit_outside_traces") as pool:
+        return pool.submit(function, *args).result()
 
 
 def _template(layer: keras.layers.Layer, input_shape: tuple, variables: tuple):
     """A new, built layer of `layer`'s config with its weights split as `layer`'s are; None if its variables
     differ from `variables`."""
-    template = type(layer).from_config(layer.get_config())
-    with outside_traced_function():
-        template.build(input_shape)
+    template = run_outside_traces(_built_copy, layer, input_shape)
     if tuple((tuple(v.shape), v.dtype) for v in template.variables) != tuple(v[:2] for v in variables):
         return None
     for weight, (_, _, trainable) in zip(template.variables, variables):
         weight.trainable = trainable  # stateless_call takes the weights split as the layer splits them
     return template
+
+
+def _built_copy(layer: keras.layers.Layer, input_shape: tuple) -> keras.layers.Layer:
+    """A new layer of `layer`'s config, built for `input_shape`."""
+    copy = type(layer).from_config(layer.get_config())
+    copy.build(input_shape)
+    return copy
 
 
 def _compile(template: keras.layers.Layer, sizes: dict):
