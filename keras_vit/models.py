@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import keras
 
-from keras_vit import kernels
+from keras_vit import _keras_internals, kernels
 from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit import variants
@@ -145,7 +145,7 @@ def _block_projections(block: vit_layers.TransformerBlock) -> dict[str, keras.la
 
 class CpuKernelSteps:
     """Mixin for a `keras.Model`: its `fit` / `evaluate` / `predict` steps may use the machine's
-    CPU kernels (`keras_vit.kernels.cpu_kernels`); nothing else changes."""
+    CPU kernels (`keras_vit.kernels.cpu_kernels`), and TensorFlow traces each step once; nothing else changes."""
 
     # The steps' signatures differ by backend (JAX passes its state too): pass them on as they come.
     def train_step(self, *args, **kwargs):
@@ -159,6 +159,11 @@ class CpuKernelSteps:
     def predict_step(self, *args, **kwargs):
         with kernels.cpu_kernels(not self.jit_compile):
             return super().predict_step(*args, **kwargs)
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Keras' TensorFlow trainer, building the optimizer's and metrics' state before the first trace: TensorFlow
+        traces `fit`'s and `evaluate`'s steps once, not twice (`keras_vit._keras_internals.symbolic_build`)."""
+        _keras_internals.symbolic_build(self, super()._maybe_symbolic_build, iterator, data_batch)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

@@ -501,11 +501,22 @@ def test_internals_work_on_this_tensorflow():
 
 @pytest.mark.slow
 def test_fit_evaluate_predict_enter_the_scope_and_jit_compile_does_not(monkeypatch):
-    seen = []
+    """Every kernel choice made in a step sees the machine's kernels (not the symbolic forward with which Keras
+    builds the metrics before the first step: it computes nothing)."""
+    seen, stepping = [], []
     original = kernels.active
-    monkeypatch.setattr(kernels, "active", lambda: seen.append(original() is not kernels.PORTABLE) or original())
+    monkeypatch.setattr(kernels, "active",
+                        lambda: (stepping and seen.append(original() is not kernels.PORTABLE)) or original())
     _force(monkeypatch, kernels.KernelChoice(xla_elementwise=True))
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(16, 16, 3), classes=2)
+    for name in ("train_step", "test_step", "predict_step"):
+        def step(*args, _step=getattr(model, name), **kwargs):
+            stepping.append(True)
+            try:
+                return _step(*args, **kwargs)
+            finally:
+                stepping.pop()
+        setattr(model, name, step)
     x, y = np.ones((4, 16, 16, 3), "float32"), np.eye(2)[[0, 1, 0, 1]]
     model.compile("sgd", "categorical_crossentropy")
     for run in (lambda: model.fit(x, y, verbose=0), lambda: model.evaluate(x, y, verbose=0),

@@ -1,6 +1,7 @@
 """Model tests: exact parameter counts of every variant, the keras.applications options,
 a NumPy forward pass of a whole model, saving, mixed precision and argument errors."""
 
+import collections
 import inspect
 import json
 import zipfile
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import variants
+from keras_vit import _keras_internals, variants
 from tests.testing import TINY_HYBRID, TINY_VIT, randomize
 
 # Exact counts at 224 px with a 1000-class head, from vit_jax/models_test.py.
@@ -154,6 +155,54 @@ def test_tiny_model_trains():
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
     history = model.fit(x, y, epochs=8, batch_size=16, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def _fit_and_evaluate() -> tuple[collections.Counter, dict, list, list]:
+    """A tiny model's fit (with validation) and evaluate: its traces of each step, the history, the evaluation and
+    the weights."""
+    keras.utils.set_random_seed(0)
+    model = keras_vit.VisionTransformer(**dict(TINY_VIT, num_layers=1), input_shape=(16, 16, 3), classes=2)
+    traces = collections.Counter()
+    for name in ("train_step", "test_step"):
+        def counted(*args, _name=name, _step=getattr(model, name), **kwargs):
+            traces[_name] += 1  # Python runs only while TensorFlow traces the step
+            return _step(*args, **kwargs)
+        setattr(model, name, counted)
+    x = images((32, 16, 16, 3))
+    y = (x[..., 0].mean((1, 2)) > 127.5).astype("int32")
+    model.compile(optimizer=keras.optimizers.AdamW(3e-3), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    history = model.fit(x, y, epochs=2, batch_size=16, validation_data=(x[:16], y[:16]), verbose=0)
+    return traces, history.history, model.evaluate(x, y, batch_size=16, verbose=0), model.get_weights()
+
+
+@pytest.fixture(scope="module")
+def fit_traced_once():
+    return _fit_and_evaluate()
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras' TensorFlow trainer")
+def test_fit_and_evaluate_trace_each_step_once(fit_traced_once):
+    """Keras' TensorFlow trainer builds the optimizer's slots and the metrics inside the first trace of a step
+    where no tf.distribute strategy is in scope, and TensorFlow then traces the step again: `ViTModel` builds
+    them first (`_keras_internals.symbolic_build`), as Keras' JAX and PyTorch trainers do."""
+    traces, history, evaluation, _ = fit_traced_once
+    assert traces == {"train_step": 1, "test_step": 1}
+    assert len(history["val_loss"]) == 2 and np.isfinite(evaluation).all()
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras' TensorFlow trainer")
+@pytest.mark.parametrize("internal", ["STRATEGY_ATTRIBUTE", "DATASET_ATTRIBUTE"])
+def test_without_the_keras_internal_fit_is_keras_own(monkeypatch, fit_traced_once, internal):
+    """The fallback, forced: with the trainer's (or the epoch iterator's) attribute gone, Keras builds in the first
+    trace as it does for any model; the step is traced twice and computes the same numbers."""
+    monkeypatch.setattr(_keras_internals, internal, "_not_in_this_keras")
+    traces, history, evaluation, weights = _fit_and_evaluate()
+    assert traces["train_step"] == 2
+    np.testing.assert_array_equal(history["loss"], fit_traced_once[1]["loss"])
+    np.testing.assert_array_equal(evaluation, fit_traced_once[2])
+    for weight, expected in zip(weights, fit_traced_once[3]):
+        np.testing.assert_array_equal(weight, expected)
 
 
 def test_keras_save_and_load_learned_2d_with_drop_path(tmp_path):
