@@ -112,6 +112,36 @@ def test_gradient_accumulation_updates_every_second_step():
 
 
 
+@pytest.mark.parametrize("keras_has_it", [True, False])
+def test_synced_backup_takes_process_0s_state_or_without_the_keras_internal_each_its_own(
+        tmp_path, monkeypatch, caplog, keras_has_it):
+    """Process 1 of a simulated 2-process run: it takes process 0's weights, optimizer state and first epoch (Keras'
+    private `model._initial_epoch`). The fallback, forced: without that attribute, no broadcast, its own state."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("adam", "mse")
+    model.optimizer.build(model.trainable_variables)
+    variables = [*model.variables, *model.optimizer.variables]
+    own = [np.asarray(v.value) for v in variables]
+    process_0 = [np.full(v.shape, 7, v.dtype) for v in variables] + [np.array(3, np.int64)]
+    broadcasts = []
+    monkeypatch.setattr(trainer.multihost, "process_count", lambda: 2)
+    monkeypatch.setattr(trainer.multihost, "broadcast_from_process_0",
+                        lambda values: broadcasts.append(values) or process_0)
+    if not keras_has_it:
+        monkeypatch.setattr(trainer.SyncedBackupAndRestore, "INITIAL_EPOCH", "_not_in_this_keras")
+    callback = trainer.SyncedBackupAndRestore(str(tmp_path / "backup"))
+    callback.set_model(model)
+    callback.on_train_begin()
+    if keras_has_it:
+        assert len(broadcasts) == 1 and int(broadcasts[0][-1]) == -1  # no backup of its own: epoch -1
+        assert model._initial_epoch == 3
+        assert all(np.array_equal(np.asarray(v.value), expected) for v, expected in zip(variables, process_0))
+    else:
+        assert not broadcasts and model._initial_epoch is None
+        assert all(np.array_equal(np.asarray(v.value), expected) for v, expected in zip(variables, own))
+        assert "has no model._not_in_this_keras: each worker restores its own backup" in caplog.text
+
+
 def _adamw_pair(**kwargs) -> tuple[keras.optimizers.Optimizer, keras.optimizers.Optimizer]:
     return keras.optimizers.AdamW(**kwargs), trainer.AdamW(**kwargs)
 

@@ -160,7 +160,13 @@ class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
     one save apart; restored as they are, the workers would start from different weights and epochs, and their
     collectives fail on the first step. After restoring, every worker takes the chief's weights,
     optimizer state and first epoch. In a one-process run it is Keras' BackupAndRestore.
+
+    The first epoch is Keras' private `model._initial_epoch` (`INITIAL_EPOCH`), which the parent sets from the
+    backup and `fit` reads. Where a Keras release has no such attribute, the workers keep their own backups, as
+    with Keras' BackupAndRestore, and a warning says so.
     """
+
+    INITIAL_EPOCH = "_initial_epoch"
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
@@ -168,8 +174,12 @@ class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
         multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
         if not multi_worker and multihost.process_count() == 1:
             return
+        if not hasattr(self.model, self.INITIAL_EPOCH):  # Keras' Trainer sets it (None) in __init__
+            logging.warning("This Keras (%s) has no model.%s: each worker restores its own backup, which may be one "
+                            "save apart from the others'.", keras.__version__, self.INITIAL_EPOCH)
+            return
         variables = [*self.model.variables, *self.model.optimizer.variables]
-        restored = getattr(self.model, "_initial_epoch", None)  # Set by the parent from the backup.
+        restored = getattr(self.model, self.INITIAL_EPOCH)  # Set by the parent from the backup.
         epoch = -1 if restored is None else restored
         if multi_worker:
             *values, chief_epoch = distribute.broadcast_from_first_replica(
@@ -183,7 +193,7 @@ class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
         if chief_epoch != epoch:
             logging.warning("This worker's backup (epoch %d) is replaced by the chief's (epoch %d).", epoch,
                             chief_epoch)
-        self.model._initial_epoch = chief_epoch if chief_epoch >= 0 else None
+        setattr(self.model, self.INITIAL_EPOCH, chief_epoch if chief_epoch >= 0 else None)
 
 
 class RunLog(keras.callbacks.Callback):
