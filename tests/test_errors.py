@@ -97,3 +97,41 @@ def test_exporting_an_embedding_tower_says_to_add_a_head():
         model_io.logits_model(backbone)
     assert first_line(error).startswith("Model 'tower' has no classification `head`")
     assert "include_top=True" in first_line(error) and "keras.layers.Dense(classes, name='head')" in first_line(error)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="Keras' TensorFlow trainer relaxes shapes")
+def test_a_later_fit_or_predict_on_images_of_another_size_names_the_size_and_changes_nothing():
+    """The first `fit` checks its inputs against the model's (Keras' ValueError). A later one on images of another
+    size is traced with the image shape relaxed to unknown sizes, which passes that check: the position embedding's
+    own check then stops the step, before any weight changes, with what was wrong and how to fix it."""
+    import tensorflow as tf
+    model = keras_vit.VisionTransformer(**dict(TINY_VIT, num_layers=1), input_shape=(32, 32, 3), classes=3)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, 8)
+    model.fit(rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32"), labels, batch_size=4, verbose=0)
+    model.predict(rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32"), verbose=0)
+    weights = [w.numpy().copy() for w in model.weights]
+    small = rng.uniform(-1, 1, (8, 16, 16, 3)).astype("float32")
+    expected = r"expects 17 tokens \(1 prefix \+ 4x4 grid\).*Received: 5 tokens.*input_shape=\(None, None, 3\)"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=expected):
+        model.fit(small, labels, batch_size=4, verbose=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=expected):
+        model.predict(small, batch_size=4, verbose=0)
+    for weight, before in zip(model.weights, weights):
+        np.testing.assert_array_equal(weight.numpy(), before)
+
+
+def test_position_embedding_checks_the_token_count_known_or_not():
+    layer = keras_vit.layers.PositionEmbedding(grid_size=(2, 2), num_prefix_tokens=1)
+    tokens = np.zeros((2, 5, 4), "float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(tokens)),
+                               np.broadcast_to(keras.ops.convert_to_numpy(layer.pos_embedding), (2, 5, 4)))
+    with pytest.raises(ValueError, match=r"expects 5 tokens \(1 prefix \+ 2x2 grid\).*Received: 7 tokens"):
+        layer(np.zeros((2, 7, 4), "float32"))
+    if keras.backend.backend() == "tensorflow":  # a graph traced for any number of tokens checks at run time
+        import tensorflow as tf
+        add = tf.function(layer, input_signature=[tf.TensorSpec((None, None, 4))])
+        np.testing.assert_allclose(add(tokens).numpy(), keras.ops.convert_to_numpy(layer(tokens)))
+        with pytest.raises(tf.errors.InvalidArgumentError, match="Received: 7 tokens"):
+            add(np.zeros((2, 7, 4), "float32"))

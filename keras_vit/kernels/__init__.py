@@ -10,7 +10,8 @@ The layers hold the maths (`keras_vit.layers`); they call six primitives for the
     compiled_inference(call)           a decorator: the layer's own `call`, XLA-compiled in inference
     rematerialized(call)               a decorator: the layer's own `call` under gradient checkpointing
 
-and one check, `exact_quotient(size, divisor, message)`, for image sizes known only at run time.
+and two checks for sizes known only at run time: `exact_quotient(size, divisor, message)` for image sizes and
+`expect_size(x, axis, expected, message)` for a fixed-size model's token count.
 
 By default each emits the portable `keras.ops` maths, the same on every backend, device and TensorFlow
 build. Inside a `cpu_kernels()` scope, which `keras_vit.ViTModel` enters in its `fit` / `evaluate` /
@@ -152,6 +153,23 @@ def exact_quotient(size, divisor: int, message: str):
     return tf_ops.exact_quotient(size, divisor, message)
 
 
+def expect_size(x, axis: int, expected: int, message: str):
+    """`x`, whose `axis` must have `expected` entries.
+
+    A size known when traced that differs raises `ValueError(message.format(size))`. In a TensorFlow graph traced
+    for an unknown size (Keras relaxes a step's input shapes when it retraces it), `x` comes after an assertion that
+    fails with InvalidArgumentError (the same message) before any op uses it.
+    """
+    size = x.shape[axis]
+    if size is not None:
+        if size != expected:
+            raise ValueError(message.format(size))
+        return x
+    if keras.backend.backend() != "tensorflow":
+        return x  # JAX and PyTorch trace with every size known
+    return tf_ops.expect_size(x, axis, expected, message)
+
+
 def compiled_inference(call):
     """Decorates a layer's `call(x, training=None, ...)`: in float32 inference of a statically known
     batch of at most `XLA_BLOCK_MAX_ROWS` tokens, with `xla_encoder_blocks` chosen, the same `call` runs
@@ -215,5 +233,5 @@ def _compilable_input(x) -> bool:
 
 __all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "SERVING_KERNELS", "XLA_BLOCK_MAX_ROWS", "Capabilities",
            "KernelChoice", "active", "batch_matmul", "check_serving_kernels", "choose", "compiled_inference",
-           "cpu_flags", "cpu_kernels", "dense", "detect", "exact_quotient", "fused_attention", "fused_attention_pays",
+           "cpu_flags", "cpu_kernels", "dense", "detect", "exact_quotient", "expect_size", "fused_attention", "fused_attention_pays",
            "gelu", "layer_norm", "machine_choice", "rematerialized", "served_on", "warn_if_bfloat16_is_emulated"]

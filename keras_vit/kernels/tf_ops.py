@@ -47,6 +47,16 @@ def exact_quotient(size, divisor: int, message: str):
         return tf.identity(size // divisor)
 
 
+def expect_size(x, axis: int, expected: int, message: str):
+    """`x`, evaluated only after an assertion that its `axis` has `expected` entries, failing with `message`
+    (`{}`: the size)."""
+    import tensorflow as tf
+    size = tf.shape(x)[axis]
+    check = tf.debugging.Assert(tf.equal(size, expected), [tf.strings.format(message, (size,))])
+    with tf.control_dependencies([check]):
+        return tf.identity(x)
+
+
 def conv_projection(x, kernel, bias):
     """x (N, in) @ kernel + bias as a 1x1 convolution, which oneDNN gives its AMX kernel in bfloat16."""
     import tensorflow as tf

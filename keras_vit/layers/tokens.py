@@ -347,8 +347,16 @@ class PositionEmbedding(keras.layers.Layer):
                 raise ValueError("PositionEmbedding was given images but has no `patch_stride` to find their patch "
                                  "grid. Build it with patch_stride=<the model's stride>.")
             grid = patch_grid(images, self.patch_stride, unit="patch stride")
+        elif self.kind != "none":
+            tokens = kernels.expect_size(tokens, 1, self.num_tokens, self._token_count_message())
         table = self.embedding(grid)
         return tokens if table is None else tokens + ops.cast(table, tokens.dtype)
+
+    def _token_count_message(self) -> str:
+        rows, columns = self.grid_size
+        return (f"{self.name} expects {self.num_tokens} tokens ({self.num_prefix_tokens} prefix + {rows}x{columns} "
+                "grid), from images of the size the model was built for. Received: {} tokens. Resize the images, or "
+                "build the model with input_shape=(None, None, 3) to take images of any size.")
 
     def compute_output_shape(self, input_shape):
         return input_shape
