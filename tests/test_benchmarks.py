@@ -208,3 +208,23 @@ def test_jax_predict_benchmark_reports_a_built_model_and_its_ratio():
     unbuilt, predict_ms, jit_ms, ratio = [cell.strip() for cell in row.strip("|").split("|")[2:]]
     assert unbuilt == "0" and float(predict_ms) > 0 and float(jit_ms) > 0
     assert float(ratio.rstrip("x")) == pytest.approx(float(predict_ms) / float(jit_ms), rel=0.02)
+
+
+@pytest.mark.slow
+def test_kernel_choice_benchmark_times_both_on_the_same_weights_and_checks_the_ratio():
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.kernel_choice", "--arch", "tiny", "--batches", "1,3",
+                           "--train-arch", "tiny", "--train-batch", "4", "--calls", "2", "--check", "1e9"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]  # no kernel is a billion times faster: --check fails
+    assert "keras_vit's choice here: KernelChoice(" in done.stdout
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in done.stdout.splitlines()
+            if line.startswith("| tiny ")]
+    assert [row[0] for row in rows] == ["tiny predict_on_batch, batch 1", "tiny predict_on_batch, batch 3",
+                                        "tiny train_on_batch, batch 4"]
+    for case, chosen, portable, ratio, check in rows:
+        assert float(ratio.rstrip("x")) == pytest.approx(float(portable) / float(chosen), rel=0.02)
+    for row in rows[:2]:  # the same weights and images: the logits agree
+        assert float(row[4].split()[-1]) < 1e-4
+    losses = [float(word) for word in rows[2][4].replace(",", "").split() if word[0].isdigit()]
+    assert len(losses) == 2 and losses[0] == pytest.approx(losses[1], abs=1e-4)

@@ -1,0 +1,143 @@
+"""keras_vit's CPU kernels against its portable ops on this machine: one process, the same weights, calls interleaved.
+
+    python -m benchmarks.kernel_choice [--arch B/16] [--batches 1,16] [--train-arch Ti/16] [--train-batch 32]
+                                       [--calls 10] [--check 1.0]
+
+`benchmarks.run --impls keras_vit,keras_vit_portable` times the two in separate processes, minutes apart: on a
+machine whose speed drifts (a shared VM) that can measure the drift. Here one process builds two models with the
+same weights, one traced with `KERAS_VIT_KERNELS=portable` and one with the machine's choice (`kernels.machine_choice`,
+its cache cleared in between), and calls them alternately, so that noise hits both alike: `predict_on_batch` at each
+batch size (with the largest output difference) and `train_on_batch` (with the first step's losses). `--check R`
+exits 1 if the chosen kernels are slower than R times the portable ops in any case (TensorFlow backend only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.cases import ARCHS  # noqa: E402
+from benchmarks.run import _cpu  # noqa: E402
+from benchmarks.worker import KERAS_BUILDERS  # noqa: E402
+from keras_vit import kernels  # noqa: E402
+
+
+@contextlib.contextmanager
+def _kernels(portable: bool):
+    """The machine's choice (or the portable ops) for the models traced inside."""
+    saved = os.environ.pop(kernels.ENV_SWITCH, None)
+    if portable:
+        os.environ[kernels.ENV_SWITCH] = "portable"
+    kernels.machine_choice.cache_clear()
+    try:
+        yield
+    finally:
+        os.environ.pop(kernels.ENV_SWITCH, None)
+        if saved is not None:
+            os.environ[kernels.ENV_SWITCH] = saved
+        kernels.machine_choice.cache_clear()
+
+
+def _images(arch: str, batch: int, seed: int = 0) -> np.ndarray:
+    image = ARCHS[arch]["image"]
+    return np.random.default_rng(seed).uniform(-1, 1, (batch, image, image, 3)).astype("float32")
+
+
+def _model(arch: str, train: bool) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = KERAS_BUILDERS["keras_vit"](arch, train)
+    head = model.get_layer("head")  # keras_vit's zero-initialised head would make every logit 0
+    head.kernel.assign(np.random.default_rng(1).normal(0, 0.05, head.kernel.shape).astype("float32"))
+    if train:
+        from training.trainer import AdamW
+        model.compile(optimizer=AdamW(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _alternate(calls: dict, n: int) -> dict:
+    """Median ms of each callable, called in turn `n` times (the order reversed every other time)."""
+    times = {name: [] for name in calls}
+    for i in range(n):
+        for name in (list(calls) if i % 2 == 0 else list(calls)[::-1]):
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(samples) for name, samples in times.items()}
+
+
+def measure_inference(arch: str, batches: list[int], n: int) -> list[dict]:
+    inputs = {batch: _images(arch, batch) for batch in batches}
+    models, outputs = {}, {}
+    for name in ("portable", "chosen"):
+        with _kernels(portable=name == "portable"):
+            models[name] = _model(arch, train=False)
+            for batch, x in inputs.items():  # each batch size traced now, under this choice
+                outputs[name, batch] = np.asarray(models[name].predict_on_batch(x))
+    rows = []
+    for batch, x in inputs.items():
+        medians = _alternate({name: (lambda m=model: m.predict_on_batch(x)) for name, model in models.items()}, n)
+        difference = float(np.abs(outputs["chosen", batch] - outputs["portable", batch]).max())
+        rows.append({"case": f"{arch} predict_on_batch, batch {batch}", **medians, "check": f"largest logit difference "
+                     f"{difference:.2e}", "difference": difference})
+    return rows
+
+
+def measure_training(arch: str, batch: int, n: int) -> dict:
+    x = _images(arch, batch)
+    y = np.random.default_rng(2).integers(0, ARCHS[arch]["classes"], batch)
+    models, losses = {}, {}
+    for name in ("portable", "chosen"):
+        with _kernels(portable=name == "portable"):
+            models[name] = _model(arch, train=True)
+            losses[name] = float(models[name].train_on_batch(x, y))  # traced now, under this choice
+    medians = _alternate({name: (lambda m=model: m.train_on_batch(x, y)) for name, model in models.items()}, n)
+    return {"case": f"{arch} train_on_batch, batch {batch}", **medians,
+            "check": f"first-step loss {losses['chosen']:.6f} (chosen), {losses['portable']:.6f} (portable)",
+            "difference": abs(losses["chosen"] - losses["portable"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_choice", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="B/16", help="the inference model, of benchmarks.cases.ARCHS")
+    parser.add_argument("--batches", default="1,16", help="inference batch sizes (empty: none)")
+    parser.add_argument("--train-arch", default="Ti/16", help="the training model (empty: no training case)")
+    parser.add_argument("--train-batch", type=int, default=32)
+    parser.add_argument("--calls", type=int, default=10, help="calls of each model per case, alternating")
+    parser.add_argument("--check", type=float, default=None,
+                        help="exit 1 if portable/chosen is below this in any case (e.g. 1.0: never slower)")
+    args = parser.parse_args(argv)
+    if keras.backend.backend() != "tensorflow":
+        parser.error(f"the CPU kernels are TensorFlow's (the backend is {keras.backend.backend()!r})")
+    cpu, isa = _cpu()
+    with _kernels(portable=False):
+        choice = kernels.machine_choice()
+    print(f"CPU: {cpu}; ISA: {', '.join(isa)}; {os.cpu_count()} CPUs; keras {keras.__version__}; "
+          f"{args.calls} alternating calls per case")
+    print(f"keras_vit's choice here: {choice}")
+    rows = []
+    if args.batches:
+        rows += measure_inference(args.arch, [int(b) for b in args.batches.split(",")], args.calls)
+    if args.train_arch:
+        rows.append(measure_training(args.train_arch, args.train_batch, args.calls))
+    print("\n| case | chosen kernels (ms) | portable ops (ms) | portable / chosen | check |")
+    print("|---|---:|---:|---:|---|")
+    failed = False
+    for row in rows:
+        ratio = row["portable"] / row["chosen"]
+        failed |= args.check is not None and ratio < args.check
+        print(f"| {row['case']} | {row['chosen']:.1f} | {row['portable']:.1f} | {ratio:.3f}x | {row['check']} |")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
