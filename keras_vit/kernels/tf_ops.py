@@ -42,9 +42,7 @@ def exact_quotient(size, divisor: int, message: str):
     """`size // divisor` of a scalar int tensor, evaluated only after an assertion that `divisor` divides it,
     failing with `message` (`{}`: the size)."""
     import tensorflow as tf
-    check = tf.debugging.Assert(tf.equal(size % divisor, 0), [tf.strings.format(message, (size,))])
-    with tf.control_dependencies([check]):
-        return tf.identity(size // divisor)
+    return _after_assertion(tf.equal(size % divisor, 0), message, size, size // divisor)
 
 
 def expect_size(x, axis: int, expected: int, message: str):
@@ -52,9 +50,16 @@ def expect_size(x, axis: int, expected: int, message: str):
     (`{}`: the size)."""
     import tensorflow as tf
     size = tf.shape(x)[axis]
-    check = tf.debugging.Assert(tf.equal(size, expected), [tf.strings.format(message, (size,))])
+    return _after_assertion(tf.equal(size, expected), message, size, x)
+
+
+def _after_assertion(condition, message: str, size, value):
+    """`value`, which no op can read before `condition` holds; otherwise InvalidArgumentError(`message` with
+    `size` in its `{}`)."""
+    import tensorflow as tf
+    check = tf.debugging.Assert(condition, [tf.strings.format(message, (size,))])
     with tf.control_dependencies([check]):
-        return tf.identity(x)
+        return tf.identity(value)
 
 
 def conv_projection(x, kernel, bias):
