@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -27,6 +25,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.cases import ARCHS  # noqa: E402
+from benchmarks.paired import alternate, images, medians  # noqa: E402
 from benchmarks.run import _cpu  # noqa: E402
 from benchmarks.worker import KERAS_BUILDERS  # noqa: E402
 from keras_vit import kernels  # noqa: E402
@@ -48,11 +47,6 @@ def _kernels(portable: bool):
         kernels.machine_choice.cache_clear()
 
 
-def _images(arch: str, batch: int, seed: int = 0) -> np.ndarray:
-    image = ARCHS[arch]["image"]
-    return np.random.default_rng(seed).uniform(-1, 1, (batch, image, image, 3)).astype("float32")
-
-
 def _model(arch: str, train: bool) -> keras.Model:
     keras.utils.set_random_seed(0)
     model = KERAS_BUILDERS["keras_vit"](arch, train)
@@ -64,19 +58,8 @@ def _model(arch: str, train: bool) -> keras.Model:
     return model
 
 
-def _alternate(calls: dict, n: int) -> dict:
-    """Median ms of each callable, called in turn `n` times (the order reversed every other time)."""
-    times = {name: [] for name in calls}
-    for i in range(n):
-        for name in (list(calls) if i % 2 == 0 else list(calls)[::-1]):
-            start = time.perf_counter()
-            calls[name]()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(samples) for name, samples in times.items()}
-
-
 def measure_inference(arch: str, batches: list[int], n: int) -> list[dict]:
-    inputs = {batch: _images(arch, batch) for batch in batches}
+    inputs = {batch: images(arch, batch) for batch in batches}
     models, outputs = {}, {}
     for name in ("portable", "chosen"):
         with _kernels(portable=name == "portable"):
@@ -85,23 +68,23 @@ def measure_inference(arch: str, batches: list[int], n: int) -> list[dict]:
                 outputs[name, batch] = np.asarray(models[name].predict_on_batch(x))
     rows = []
     for batch, x in inputs.items():
-        medians = _alternate({name: (lambda m=model: m.predict_on_batch(x)) for name, model in models.items()}, n)
+        times = medians(alternate({name: (lambda m=model: m.predict_on_batch(x)) for name, model in models.items()}, n))
         difference = float(np.abs(outputs["chosen", batch] - outputs["portable", batch]).max())
-        rows.append({"case": f"{arch} predict_on_batch, batch {batch}", **medians,
+        rows.append({"case": f"{arch} predict_on_batch, batch {batch}", **times,
                      "check": f"largest logit difference {difference:.2e}"})
     return rows
 
 
 def measure_training(arch: str, batch: int, n: int) -> dict:
-    x = _images(arch, batch)
+    x = images(arch, batch)
     y = np.random.default_rng(2).integers(0, ARCHS[arch]["classes"], batch)
     models, losses = {}, {}
     for name in ("portable", "chosen"):
         with _kernels(portable=name == "portable"):
             models[name] = _model(arch, train=True)
             losses[name] = float(models[name].train_on_batch(x, y))  # traced now, under this choice
-    medians = _alternate({name: (lambda m=model: m.train_on_batch(x, y)) for name, model in models.items()}, n)
-    return {"case": f"{arch} train_on_batch, batch {batch}", **medians,
+    times = medians(alternate({name: (lambda m=model: m.train_on_batch(x, y)) for name, model in models.items()}, n))
+    return {"case": f"{arch} train_on_batch, batch {batch}", **times,
             "check": f"first-step loss {losses['chosen']:.6f} (chosen), {losses['portable']:.6f} (portable)"}
 
 

@@ -228,3 +228,58 @@ def test_kernel_choice_benchmark_times_both_on_the_same_weights_and_checks_the_r
         assert float(row[4].split()[-1]) < 1e-4
     losses = [float(word) for word in rows[2][4].replace(",", "").split() if word[0].isdigit()]
     assert len(losses) == 2 and losses[0] == pytest.approx(losses[1], abs=1e-4)
+
+
+def test_paired_calls_alternate_and_each_pair_is_counted():
+    from benchmarks import paired
+    order = []
+    times = paired.alternate({"keras_vit": lambda: order.append("keras_vit"),
+                              "keras_hub": lambda: order.append("keras_hub")}, 4)
+    assert order == ["keras_vit", "keras_hub", "keras_hub", "keras_vit"] * 2  # neither always goes first
+    assert [len(samples) for samples in times.values()] == [4, 4]
+    row = paired._row("case", {"keras_vit": [1.0, 5.0, 2.0], "keras_hub": [2.0, 4.0, 3.0]})
+    assert row == {"case": "case", "keras_vit": 2.0, "keras_hub": 3.0, "faster": "2 of 3"}
+
+
+def test_paired_without_keras_hub_says_how_to_install_it(monkeypatch, capsys):
+    from benchmarks import paired
+    monkeypatch.setitem(sys.modules, "keras_hub", None)  # `import keras_hub` raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        paired.main(["--arch", "tiny"])
+    assert exit_info.value.code == 2
+    assert "keras-hub is not installed: pip install keras-hub" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_paired_benchmark_times_keras_vit_and_the_peer_in_one_process(monkeypatch, capsys):
+    """keras-hub's place is taken by a stand-in (keras-hub is not a dependency): the timing, the compiled
+    optimizers, the table and --check are paired's own."""
+    import types
+
+    import keras
+
+    from benchmarks import paired
+    from training.trainer import AdamW
+    built = {}
+    build = worker.KERAS_BUILDERS["keras_vit"]
+
+    def recorded(impl):
+        return lambda arch, train: built.setdefault((impl, train), build(arch, train))
+    monkeypatch.setitem(worker.KERAS_BUILDERS, "keras_vit", recorded("keras_vit"))
+    monkeypatch.setitem(worker.KERAS_BUILDERS, "keras_hub", recorded("keras_hub"))
+    monkeypatch.setitem(sys.modules, "keras_hub", types.SimpleNamespace(__version__="stand-in"))
+    code = paired.main(["--arch", "tiny", "--batches", "1,3", "--train-arch", "tiny", "--train-batch", "4",
+                        "--calls", "3", "--check", "1e9"])
+    out = capsys.readouterr().out
+    assert code == 1  # no model is a billion times faster than another: --check fails
+    assert "keras-hub stand-in; 3 alternating calls per case" in out
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| tiny ")]
+    assert [row[0] for row in rows] == ["tiny predict_on_batch, batch 1", "tiny predict_on_batch, batch 3",
+                                        "tiny train_on_batch, batch 4"]
+    for case, ours, theirs, ratio, faster in rows:
+        assert float(ratio.rstrip("x")) == pytest.approx(float(theirs) / float(ours), rel=0.02)
+        assert faster.endswith(" of 3 pairs") and 0 <= int(faster.split()[0]) <= 3
+    # each trains with its own AdamW, as in benchmarks.run: keras_vit's fused one, the peer Keras' own
+    assert isinstance(built["keras_vit", True].optimizer, AdamW)
+    assert type(built["keras_hub", True].optimizer) is keras.optimizers.AdamW
