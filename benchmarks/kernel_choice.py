@@ -13,7 +13,6 @@ exits 1 if the chosen kernels are slower than R times the portable ops in any ca
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -25,7 +24,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.cases import ARCHS  # noqa: E402
-from benchmarks.paired import alternate, images, medians  # noqa: E402
+from benchmarks.paired import alternate, case_parser, images, medians, run_cases  # noqa: E402
 from benchmarks.run import _cpu  # noqa: E402
 from benchmarks.worker import KERAS_BUILDERS  # noqa: E402
 from keras_vit import kernels  # noqa: E402
@@ -89,14 +88,8 @@ def measure_training(arch: str, batch: int, n: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_choice", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="B/16", help="the inference model, of benchmarks.cases.ARCHS")
-    parser.add_argument("--batches", default="1,16", help="inference batch sizes (empty: none)")
-    parser.add_argument("--train-arch", default="Ti/16", help="the training model (empty: no training case)")
-    parser.add_argument("--train-batch", type=int, default=32)
-    parser.add_argument("--calls", type=int, default=10, help="calls of each model per case, alternating")
-    parser.add_argument("--check", type=float, default=None,
-                        help="exit 1 if portable/chosen is below this in any case (e.g. 1.0: never slower)")
+    parser = case_parser("python -m benchmarks.kernel_choice", __doc__.split("\n\n")[0],
+                         "portable/chosen", "1.0: never slower")
     args = parser.parse_args(argv)
     if keras.backend.backend() != "tensorflow":
         parser.error(f"the CPU kernels are TensorFlow's (the backend is {keras.backend.backend()!r})")
@@ -106,11 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {cpu}; ISA: {', '.join(isa)}; {os.cpu_count()} CPUs; keras {keras.__version__}; "
           f"{args.calls} alternating calls per case")
     print(f"keras_vit's choice here: {choice}")
-    rows = []
-    if args.batches:
-        rows += measure_inference(args.arch, [int(b) for b in args.batches.split(",")], args.calls)
-    if args.train_arch:
-        rows.append(measure_training(args.train_arch, args.train_batch, args.calls))
+    rows = run_cases(args, measure_inference, measure_training)
     print("\n| case | chosen kernels (ms) | portable ops (ms) | portable / chosen | check |")
     print("|---|---:|---:|---:|---|")
     failed = False

@@ -95,15 +95,31 @@ def measure_training(arch: str, batch: int, n: int) -> dict:
     return _row(f"{arch} train_on_batch, batch {batch}", times)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.paired", description=__doc__.split("\n\n")[0])
+def case_parser(prog: str, description: str, check: str, example: str) -> argparse.ArgumentParser:
+    """The options of a one-process comparison: the models, the batch sizes, the calls, and `--check` (`check`
+    names the ratio it compares, `example` a value and what it means)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--arch", default="B/16", help="the inference model, of benchmarks.cases.ARCHS")
     parser.add_argument("--batches", default="1,16", help="inference batch sizes (empty: none)")
     parser.add_argument("--train-arch", default="Ti/16", help="the training model (empty: no training case)")
     parser.add_argument("--train-batch", type=int, default=32)
     parser.add_argument("--calls", type=int, default=10, help="calls of each model per case, alternating")
-    parser.add_argument("--check", type=float, default=None,
-                        help="exit 1 if keras-hub/keras_vit is below this in any case (e.g. 1.1)")
+    parser.add_argument("--check", type=float, default=None, help=f"exit 1 if {check} is below this in any case (e.g. {example})")
+    return parser
+
+
+def run_cases(args: argparse.Namespace, inference, training) -> list[dict]:
+    """The rows of `inference(arch, batches, calls)` and `training(arch, batch, calls)` that `args` asks for."""
+    rows = []
+    if args.batches:
+        rows += inference(args.arch, [int(b) for b in args.batches.split(",")], args.calls)
+    if args.train_arch:
+        rows.append(training(args.train_arch, args.train_batch, args.calls))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = case_parser("python -m benchmarks.paired", __doc__.split("\n\n")[0], "keras-hub/keras_vit", "1.1")
     args = parser.parse_args(argv)
     if keras.backend.backend() != "tensorflow":
         parser.error(f"the comparison runs on TensorFlow (the backend is {keras.backend.backend()!r})")
@@ -114,11 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu, isa = _cpu()
     print(f"CPU: {cpu}; ISA: {', '.join(isa)}; {os.cpu_count()} CPUs; keras {keras.__version__}, "
           f"keras-hub {keras_hub.__version__}; {args.calls} alternating calls per case")
-    rows = []
-    if args.batches:
-        rows += measure_inference(args.arch, [int(b) for b in args.batches.split(",")], args.calls)
-    if args.train_arch:
-        rows.append(measure_training(args.train_arch, args.train_batch, args.calls))
+    rows = run_cases(args, measure_inference, measure_training)
     print("\n| case | keras_vit (ms) | keras-hub (ms) | keras-hub / keras_vit | keras_vit faster in |")
     print("|---|---:|---:|---:|---|")
     failed = False
