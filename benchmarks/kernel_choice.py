@@ -67,7 +67,8 @@ def measure_inference(arch: str, batches: list[int], n: int) -> list[dict]:
                 outputs[name, batch] = np.asarray(models[name].predict_on_batch(x))
     rows = []
     for batch, x in inputs.items():
-        times = medians(alternate({name: (lambda m=model: m.predict_on_batch(x)) for name, model in models.items()}, n))
+        calls = {name: (lambda m=model: m.predict_on_batch(x)) for name, model in models.items()}
+        times = medians(alternate(calls, n))
         difference = float(np.abs(outputs["chosen", batch] - outputs["portable", batch]).max())
         rows.append({"case": f"{arch} predict_on_batch, batch {batch}", **times,
                      "check": f"largest logit difference {difference:.2e}"})
@@ -82,7 +83,8 @@ def measure_training(arch: str, batch: int, n: int) -> dict:
         with _kernels(portable=name == "portable"):
             models[name] = _model(arch, train=True)
             losses[name] = float(models[name].train_on_batch(x, y))  # traced now, under this choice
-    times = medians(alternate({name: (lambda m=model: m.train_on_batch(x, y)) for name, model in models.items()}, n))
+    calls = {name: (lambda m=model: m.train_on_batch(x, y)) for name, model in models.items()}
+    times = medians(alternate(calls, n))
     return {"case": f"{arch} train_on_batch, batch {batch}", **times,
             "check": f"first-step loss {losses['chosen']:.6f} (chosen), {losses['portable']:.6f} (portable)"}
 

@@ -50,6 +50,7 @@ def alternate(calls: dict, n: int) -> dict:
 
 
 def medians(times: dict) -> dict:
+    """The median of each callable's times."""
     return {name: statistics.median(samples) for name, samples in times.items()}
 
 
@@ -104,7 +105,8 @@ def case_parser(prog: str, description: str, check: str, example: str) -> argpar
     parser.add_argument("--train-arch", default="Ti/16", help="the training model (empty: no training case)")
     parser.add_argument("--train-batch", type=int, default=32)
     parser.add_argument("--calls", type=int, default=10, help="calls of each model per case, alternating")
-    parser.add_argument("--check", type=float, default=None, help=f"exit 1 if {check} is below this in any case (e.g. {example})")
+    parser.add_argument("--check", type=float, default=None,
+                        help=f"exit 1 if {check} is below this in any case (e.g. {example})")
     return parser
 
 
