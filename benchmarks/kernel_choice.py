@@ -24,9 +24,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.cases import ARCHS  # noqa: E402
-from benchmarks.paired import alternate, case_parser, images, medians, run_cases  # noqa: E402
+from benchmarks.paired import alternate, case_parser, compiled_model, images, medians, run_cases  # noqa: E402
 from benchmarks.run import _cpu  # noqa: E402
-from benchmarks.worker import KERAS_BUILDERS  # noqa: E402
 from keras_vit import kernels  # noqa: E402
 
 
@@ -47,13 +46,9 @@ def _kernels(portable: bool):
 
 
 def _model(arch: str, train: bool) -> keras.Model:
-    keras.utils.set_random_seed(0)
-    model = KERAS_BUILDERS["keras_vit"](arch, train)
+    model = compiled_model("keras_vit", arch, train)
     head = model.get_layer("head")  # keras_vit's zero-initialised head would make every logit 0
     head.kernel.assign(np.random.default_rng(1).normal(0, 0.05, head.kernel.shape).astype("float32"))
-    if train:
-        from training.trainer import AdamW
-        model.compile(optimizer=AdamW(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 

@@ -60,7 +60,8 @@ def _row(case: str, times: dict) -> dict:
     return {"case": case, **medians(times), "faster": f"{faster} of {len(times['keras_vit'])}"}
 
 
-def _model(impl: str, arch: str, train: bool) -> keras.Model:
+def compiled_model(impl: str, arch: str, train: bool) -> keras.Model:
+    """`impl`'s model of `arch` from `benchmarks.worker` (seed 0); for training compiled with its AdamW."""
     keras.utils.set_random_seed(0)
     model = KERAS_BUILDERS[impl](arch, train)
     if train:
@@ -77,7 +78,7 @@ IMPLS = ("keras_vit", "keras_hub")
 
 def measure_inference(arch: str, batches: list[int], n: int) -> list[dict]:
     inputs = {batch: images(arch, batch) for batch in batches}
-    models = {impl: _model(impl, arch, train=False) for impl in IMPLS}
+    models = {impl: compiled_model(impl, arch, train=False) for impl in IMPLS}
     for model in models.values():
         for x in inputs.values():  # each batch size traced before the timing
             model.predict_on_batch(x)
@@ -89,7 +90,7 @@ def measure_inference(arch: str, batches: list[int], n: int) -> list[dict]:
 def measure_training(arch: str, batch: int, n: int) -> dict:
     x = images(arch, batch)
     y = np.random.default_rng(2).integers(0, ARCHS[arch]["classes"], batch)
-    models = {impl: _model(impl, arch, train=True) for impl in IMPLS}
+    models = {impl: compiled_model(impl, arch, train=True) for impl in IMPLS}
     for model in models.values():
         model.train_on_batch(x, y)  # traced before the timing
     times = alternate({impl: (lambda m=model: m.train_on_batch(x, y)) for impl, model in models.items()}, n)
