@@ -285,9 +285,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def build(self, input_shape):
         if input_shape[1] is not None and input_shape[1] != self.num_tokens:
-            raise ValueError(
-                f"PositionEmbedding expects {self.num_tokens} tokens ({self.num_prefix_tokens} prefix + "
-                f"{self.grid_size[0]}x{self.grid_size[1]} grid). Received shape: {tuple(input_shape)}")
+            raise ValueError(self._token_count_message().format(input_shape[1]))
         width = input_shape[-1]
         init = keras.initializers.RandomNormal(stddev=0.02)
         if self.kind == "learned":
