@@ -8,7 +8,8 @@ Each case is a tf.function of one op (or one LayerNorm) converted to full int8 (
 point 0), "int8_cpu" as that mode writes it (softmax and GELU in float32, between a DEQUANTIZE and a QUANTIZE).
 Each file runs in LiteRT's interpreter with its default delegate (XNNPACK); the table gives the median of `--runs`
 invokes at 1 and 2 threads, and the ops that ran outside XNNPACK. This is how the full-int8 file's time was taken
-apart (issue 35): the ops outside run in the interpreter's own kernels, on one thread.
+apart (issue 35): the ops outside run in the interpreter's own kernels, on one thread. The last rows ask whether an
+integer-only softmax could run on XNNPACK's int8 kernels instead: XNNPACK has int8 LOGISTIC, but not EXP.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def cases(tokens: int, width: int, heads: int) -> list[tuple[str, str, object, l
     def gelu(x):
         return tf.nn.gelu(x, approximate=True)
 
+    def softmax_by_reciprocal(x):
+        numerator = tf.exp(x - tf.reduce_max(x, -1, keepdims=True))
+        return numerator * (1.0 / tf.reduce_sum(numerator, -1, keepdims=True))
+
     def q_kt(q, k):
         return tf.matmul(q, k, transpose_b=True)
 
@@ -61,6 +66,11 @@ def cases(tokens: int, width: int, heads: int) -> list[tuple[str, str, object, l
         ("softmax", "int8_cpu", tf.nn.softmax, [scores]),
         ("GELU (tanh)", "plain", gelu, [(1, tokens, 4 * width)]),
         ("GELU (tanh)", "int8_cpu", gelu, [(1, tokens, 4 * width)]),
+        # What an integer-only softmax or GELU could be built from: XNNPACK's int8 unary ops, and a softmax of them
+        # (written with a division, the converter fuses it back into SOFTMAX).
+        ("exp (softmax's numerator)", "plain", tf.math.exp, [scores]),
+        ("sigmoid (LOGISTIC)", "plain", tf.math.sigmoid, [(1, tokens, 4 * width)]),
+        ("softmax as exp(x - max) * (1 / sum)", "plain", softmax_by_reciprocal, [scores]),
         ("dense, width -> 4 x width (FULLY_CONNECTED)", "plain",
          lambda x: tf.matmul(tf.reshape(x, (tokens, width)), kernel), [(1, tokens, width)]),
     ]

@@ -155,7 +155,7 @@ def test_litert_ops_times_each_op_and_says_where_it_ran(capsys):
     litert_ops.main(["--tokens", "5", "--width", "16", "--heads", "2", "--runs", "2"])
     rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|")[3:6]
             for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line}
-    assert len(rows) == 1 + 11 and all(float(one) > 0 and float(two) > 0 for one, two, _ in list(rows.values())[1:])
+    assert len(rows) == 1 + 14 and all(float(one) > 0 and float(two) > 0 for one, two, _ in list(rows.values())[1:])
     outside = {case: where.strip() for case, (_, _, where) in rows.items()}
     # The interpreter's own kernel takes an int8 BATCH_MATMUL whose right operand has a zero point; XNNPACK
     # takes it on keras_vit's symmetric range. The squared LayerNorm brings SQUARED_DIFFERENCE, the product not.
@@ -167,6 +167,11 @@ def test_litert_ops_times_each_op_and_says_where_it_ran(capsys):
     # int8_cpu's float32 softmax and GELU run on XNNPACK, the int8 ones in the interpreter.
     assert outside["softmax", "plain"] == "SOFTMAX 1" and outside["softmax", "int8_cpu"] == "none"
     assert outside["GELU (tanh)", "plain"] == "GELU 1" and outside["GELU (tanh)", "int8_cpu"] == "none"
+    # XNNPACK has int8 LOGISTIC but no int8 EXP: a softmax of XNNPACK's int8 ops leaves EXP (and the reciprocal's
+    # DIV) in the interpreter.
+    assert outside["exp (softmax's numerator)", "plain"] == "EXP 1"
+    assert outside["sigmoid (LOGISTIC)", "plain"] == "none"
+    assert outside["softmax as exp(x - max) * (1 / sum)", "plain"] == "DIV 1, EXP 1"
 
 
 def test_serving_benchmark_loads_keras_vit_savedmodel_as_tf_serving_does(tmp_path):
