@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         ratio = row["portable"] / row["chosen"]
         failed |= args.check is not None and ratio < args.check
-        print(f"| {row['case']} | {row['chosen']:.1f} | {row['portable']:.1f} | {ratio:.3f}x | {row['check']} |")
+        print(f"| {row['case']} | {row['chosen']:.2f} | {row['portable']:.2f} | {ratio:.3f}x | {row['check']} |")
     return 1 if failed else 0
 
 
