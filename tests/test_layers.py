@@ -116,8 +116,9 @@ def test_position_embedding_errors():
     with pytest.raises(ValueError, match=r"Unknown position embedding 'fourier'"):
         keras_vit.PositionEmbedding((2, 2), kind="fourier")
     # Built for another token count: the message call() gives, from build.
-    with pytest.raises(ValueError, match=r"^position_embedding\w* expects 5 tokens \(1 prefix \+ 2x2 grid\), from images "
-                                         r"of the size the model was built for. Received: 6 tokens. Resize the images"):
+    with pytest.raises(ValueError, match=r"^position_embedding\w* expects 5 tokens \(1 prefix \+ 2x2 grid\), "
+                                         r"from images of the size the model was built for. Received: 6 tokens. "
+                                         r"Resize the images"):
         keras_vit.PositionEmbedding((2, 2)).build((None, 6, 8))
     with pytest.raises(ValueError, match=r"divisible by 4. Received: 6"):
         keras_vit.PositionEmbedding((2, 2), kind="sincos_2d").build((None, 5, 6))
