@@ -7,6 +7,7 @@ No test touches the network.
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import os
 import signal
@@ -348,14 +349,23 @@ def test_image_folder_decodes_odd_files_and_skips_bad_ones(tmp_path):
 
 
 @pytest.mark.slow
+def _input_iterators() -> list:
+    """The tf.data iterators alive in this process."""
+    import tensorflow as tf
+    return [item for item in gc.get_objects() if isinstance(item, tf.data.Iterator)]
+
+
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
     class PoisonWeights(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
             if epoch == 1:
                 self.model.get_layer("head").kernel.assign(np.full(self.model.get_layer("head").kernel.shape, np.nan))
 
+    before = {id(item) for item in _input_iterators()}
     with pytest.raises(trainer.NaNLossError, match=r"Loss became nan at epoch 2, batch 1"):
         trainer.train_and_evaluate(tiny_config("epochs=3"), str(tmp_path), callbacks=[PoisonWeights()], verbose=0)
+    # Nothing of the stopped input pipeline is left for a later garbage collection.
+    assert [item for item in _input_iterators() if id(item) not in before] == []
     assert os.listdir(tmp_path / "backup" / "worker_0")  # The epoch-1 backup survives for a restart.
     model = trainer.build_model(tiny_config(), num_classes=10)
     model.load_weights(str(tmp_path / "checkpoints" / "last.weights.h5"))

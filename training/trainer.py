@@ -19,6 +19,7 @@ scratch folder that the run deletes):
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -348,6 +349,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
                  datasets.num_train_examples, datasets.num_eval_examples, datasets.num_classes, epochs, steps_per_epoch)
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(PRECISIONS[config.precision])
+    stopped = None
     try:
         with distribute.build_scope(strategy):
             model, backbone = _build(config, datasets.num_classes)
@@ -361,8 +363,18 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
                       validation_data=eval_data if config.validate else None,
                       callbacks=[nan_guard, *callbacks, *standard], verbose=verbose)
             results = model.evaluate(eval_data, return_dict=True, verbose=0)
+    except NaNLossError as error:
+        stopped = NaNLossError(str(error))
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
+    if stopped:
+        # Stopped mid-epoch, Keras' epoch iterator and its suspended generator hold each other, and with them the
+        # input pipeline's iterator (its threads and prefetched batches), until a garbage collection; collected
+        # at some later point, that iterator has waited up to a minute for its tf.data autotuning thread
+        # (TensorFlow 2.21, in the test suite). The caught error's frames reach it too: free it now, and raise
+        # the same message afresh.
+        gc.collect()
+        raise stopped
     results = exact_results(results)
     summary = {**results,
                "num_eval_examples": datasets.num_eval_examples, "skipped_examples": datasets.skipped,
