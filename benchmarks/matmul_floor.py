@@ -38,7 +38,8 @@ def _best_seconds(run, loops: int = 5, target_s: float = 0.3) -> float:
 def matmul_seconds(batched: int, m: int, k: int, n: int, chain: int = 10) -> float:
     """Seconds of one (m, k) @ (k, n) MatMul + BiasAdd, or of one BatchMatMulV2 of `batched` such products: a
     function of `chain` of them on distinct left operands (so none is deduplicated), one after another (control
-    dependencies, every output returned), so the call's own overhead is spread over `chain` ops as the forward's graph spreads it."""
+    dependencies, every output returned), so the call's own overhead is spread over `chain` ops as the forward's
+    graph spreads it."""
     import tensorflow as tf
     lefts = [tf.random.normal((m, k) if batched == 1 else (batched, m, k)) for _ in range(chain)]
     right = tf.random.normal((k, n) if batched == 1 else (batched, k, n))

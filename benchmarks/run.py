@@ -12,8 +12,8 @@ Writes DIR/benchmark.json and DIR/benchmark.md (default DIR: benchmarks/results)
 Throughput is batch / median step latency. `peak` is the fraction of this machine's
 matmul peak that the case's model FLOPs reach: the best rate of TensorFlow and PyTorch
 square matmuls over several sizes, float32 or bfloat16. Every framework runs as its users
-get it by default for the thread budget (benchmarks/worker.py). Ratios are keras_vit speed / peer speed (> 1: keras_vit is faster);
-for start-up they are peer seconds / keras_vit seconds.
+get it by default for the thread budget (benchmarks/worker.py). Ratios are keras_vit speed / peer speed
+(> 1: keras_vit is faster); for start-up they are peer seconds / keras_vit seconds.
 """
 
 from __future__ import annotations
@@ -272,7 +272,8 @@ def markdown(report: dict) -> str:
     ]
     for impl, why in report["skipped"].items():
         lines.append(f"- **{impl} skipped**: {why}")
-    lines += ["", "| case | impl | img/s | p50 ms | p90 ms | peak RSS MiB | % of matmul peak | keras_vit ratio | note |",
+    lines += ["",
+              "| case | impl | img/s | p50 ms | p90 ms | peak RSS MiB | % of matmul peak | keras_vit ratio | note |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in report["results"]:
         if row["status"] != "ok":
@@ -299,7 +300,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"), help="output folder")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 1)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads per framework")
-    parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of " + ",".join(IMPLS + EXTRA_IMPLS))
+    parser.add_argument("--impls", default=",".join(IMPLS),
+                        help="comma-separated subset of " + ",".join(IMPLS + EXTRA_IMPLS))
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     args = parser.parse_args(argv)
     impls = [i for i in args.impls.split(",") if i]

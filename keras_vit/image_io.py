@@ -125,7 +125,8 @@ def fit_to_model(images: tf.Tensor, size: tuple[int, int], *, resize_mode: str =
     the short side, the long one to `int(resize * long / short)` (as transformers and torchvision). The crop takes
     the centre, its top-left offset `(resized - size) // 2` (`crop_offset="floor"`, transformers) or that halved
     margin rounded half to even (`"round"`, torchvision, which timm uses). `interpolation` is a `tf.image.resize`
-    method, antialiased when shrinking (as PIL, which transformers and timm resize with). An image already at `size` with no crop passes unchanged.
+    method, antialiased when shrinking (as PIL, which transformers and timm resize with). An image already at
+    `size` with no crop passes unchanged.
     """
     height, width = size
     if resize_mode == "squash":

@@ -3,7 +3,8 @@
     python -m tests.killable_run WORKDIR KILL_AT STRATEGY [OVERRIDE ...]
 
 With Keras' KERAS_DISTRIBUTION_* variables set (KERAS_BACKEND=jax), the process first joins the run's other
-processes (`multihost.initialize`; heartbeat timeout: $HEARTBEAT_TIMEOUT_S, default 10 s). Trains `configs.get_config("digits")` with the overrides under `distribute.get_strategy(STRATEGY)`; the
+processes (`multihost.initialize`; heartbeat timeout: $HEARTBEAT_TIMEOUT_S, default 10 s). Trains
+`configs.get_config("digits")` with the overrides under `distribute.get_strategy(STRATEGY)`; the
 process kills itself as optimizer step KILL_AT begins, on its first run in WORKDIR only (-1: never). Prints
 `REPORT: <the run's summary as JSON>`.
 """

@@ -1,5 +1,6 @@
 """The import contracts of `.importlinter` hold: the library never imports the tools, checkpoint code never
-imports the models, no import cycles (run by `python -m pytest`, hence by CI).
+imports the models, no import cycles (run by `python -m pytest`, hence by CI). And the code keeps within
+120 characters a line.
 
 import-linter reads the package from disk, where the repository's `training/` and `export/` are not inside
 `keras_vit/`. The test lays the package out as it installs (setup.py's package_dir: `keras_vit.training`,
@@ -54,3 +55,22 @@ def test_a_broken_contract_fails(tmp_path):
     assert result.returncode != 0
     assert "keras_vit.variants -> keras_vit.training.configs" in result.stdout, result.stdout[-3000:]
     assert "keras_vit.checkpoints.npz -> keras_vit.models" in result.stdout, result.stdout[-3000:]
+
+
+LINE_LIMIT = 120
+CODE_FOLDERS = ("keras_vit", "training", "export", "tests", "benchmarks")
+
+
+def _long_lines(files) -> list[str]:
+    return [f"{path}:{number}: {len(line)} characters"
+            for path in files for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if len(line) > LINE_LIMIT]
+
+
+def test_code_lines_are_at_most_120_characters(tmp_path):
+    files = [*ROOT.glob("*.py"), *(path for folder in CODE_FOLDERS for path in (ROOT / folder).rglob("*.py"))]
+    assert len(files) > 50, files
+    assert _long_lines(files) == []
+    too_long = tmp_path / "too_long.py"
+    too_long.write_text("x = 1\n" + "#" * 121 + "\n", encoding="utf-8")
+    assert _long_lines([too_long]) == [f"{too_long}:2: 121 characters"]

@@ -99,7 +99,8 @@ def test_backend_matches_tensorflow_and_trains(workdir, backend):
         assert report["keras_vit.training"] == "imported", report["keras_vit.training"]
     else:
         assert report["keras_vit.training"].startswith("keras_vit.training runs on TensorFlow or JAX") and \
-            "KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax" in report["keras_vit.training"], report["keras_vit.training"]
+            "KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax" in report["keras_vit.training"], \
+            report["keras_vit.training"]
     assert report["keras_vit.export"].startswith("keras_vit.export runs on TensorFlow") and "KERAS_BACKEND=tensorflow" \
         in report["keras_vit.export"], report["keras_vit.export"]
     losses = report["losses"]

@@ -281,7 +281,8 @@ def test_oversized_images_do_not_raise_peak_memory(export_dir, valid, bad, tmp_p
     images_file = tmp_path / "images.npz"
     oversized = [data for kind, data, _ in bad.values() if kind == "oversized"][:4]
     np.savez(images_file, valid=np.array(list(valid.values()), dtype=object),
-             oversized=np.array(oversized, dtype=object), large_valid=np.array([odd.blank_gray_png(6000)], dtype=object))
+             oversized=np.array(oversized, dtype=object),
+             large_valid=np.array([odd.blank_gray_png(6000)], dtype=object))
     figures = {}
     for mode in ("valid", "oversized", "large_valid"):
         result = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(export_dir), str(images_file), mode],

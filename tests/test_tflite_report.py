@@ -228,7 +228,8 @@ def test_without_a_quantization_debugger_mixed_int8_is_left_out_or_refused(tmp_p
         tflite.convert(tiny_model(), tmp_path / "x.tflite", "mixed_int8", calibration)
     assert list(tmp_path.iterdir()) == []
     # A refused mode's diagnosis says why it has none.
-    with pytest.raises(RuntimeError, match="Naming the sensitive layers needs tf.lite.experimental.QuantizationDebugger"):
+    needs_debugger = "Naming the sensitive layers needs tf.lite.experimental.QuantizationDebugger"
+    with pytest.raises(RuntimeError, match=needs_debugger):
         tflite.sensitive_layers(tiny_model(), calibration)
 
 

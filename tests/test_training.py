@@ -473,7 +473,8 @@ def _start_workers(ports: list[int], commands: list[list[str]]) -> list[subproce
     """One process per port: `commands[i]` as worker i, with its own TF_CONFIG on 127.0.0.1."""
     processes = []
     for index, command in enumerate(commands):
-        tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": index}}
+        tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                     "task": {"type": "worker", "index": index}}
         env = subprocess_env(TF_CONFIG=json.dumps(tf_config))
         processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
