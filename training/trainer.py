@@ -370,8 +370,8 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
     if stopped:
         # Stopped mid-epoch, Keras' epoch iterator and its suspended generator hold each other, and with them the
         # input pipeline's iterator (its threads and prefetched batches), until a garbage collection; collected
-        # at some later point, that iterator has waited up to a minute for its tf.data autotuning thread
-        # (TensorFlow 2.21, in the test suite). The caught error's frames reach it too: free it now, and raise
+        # at some later point, that iterator has waited 40-57 s for its tf.data autotuning thread (TensorFlow
+        # 2.21, in the test suite). The caught error's frames reach it too: free it now, and raise
         # the same message afresh.
         gc.collect()
         raise stopped
