@@ -351,7 +351,6 @@ def test_image_folder_decodes_odd_files_and_skips_bad_ones(tmp_path):
 @pytest.mark.slow
 def _input_iterators() -> list:
     """The tf.data iterators alive in this process."""
-    import tensorflow as tf
     return [item for item in gc.get_objects() if isinstance(item, tf.data.Iterator)]
 
 
@@ -573,6 +572,35 @@ def test_cli_help_explains_every_flag():
                  "--[no]print_config"):
         assert flag in result.stdout
     assert "multiworker" in result.stdout and "key=value" in result.stdout
+
+
+@pytest.mark.slow
+def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
+    """A NaN stop exits with 1 and its message, Ctrl-C (SIGINT) mid-training with 130 and how to resume: one line
+    each, no traceback."""
+    nan = subprocess.run(_cli(tmp_path / "nan", "optimizer=sgd", "lr=1e30"), env=subprocess_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert nan.returncode == 1, nan.stderr[-3000:]
+    assert nan.stderr.strip().splitlines()[-1].startswith("keras-vit-train: Loss became nan at epoch 1"), \
+        nan.stderr[-3000:]
+    assert "Traceback" not in nan.stderr, nan.stderr[-3000:]
+
+    workdir = tmp_path / "interrupted"
+    process = subprocess.Popen(_cli(workdir, "epochs=1000", "steps_per_epoch=50"), env=subprocess_env(),
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # As a terminal.
+    lines = []
+    for line in process.stderr:  # Interrupted once training has started.
+        lines.append(line)
+        if "Training starts at epoch" in line:
+            break
+    time.sleep(2)
+    process.send_signal(signal.SIGINT)
+    lines += process.stderr.readlines()
+    assert process.wait(timeout=120) == 130, "".join(lines)[-3000:]
+    assert lines[-1].strip() == (f"keras-vit-train: interrupted. Run the same command (--workdir={workdir}) to "
+                                 f"resume from its last backup in {workdir}/backup/."), "".join(lines)[-3000:]
+    assert not any("Traceback" in line for line in lines), "".join(lines)[-3000:]
 
 
 @pytest.mark.slow

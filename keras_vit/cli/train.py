@@ -101,7 +101,14 @@ def main(argv: list[str]) -> None:
     except (ValueError, multihost.JoinError) as error:  # A setup that cannot run: one line, no traceback.
         raise SystemExit(f"keras-vit-train: {error}") from None
     logging.info("Devices: %s", distribute.device_names())
-    summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
+    try:
+        summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
+    except trainer.NaNLossError as error:  # Its message says where the last good state is: one line.
+        raise SystemExit(f"keras-vit-train: {error}") from None
+    except KeyboardInterrupt:
+        print(f"keras-vit-train: interrupted. Run the same command (--workdir={_WORKDIR.value}) to resume from its "
+              f"last backup in {_WORKDIR.value}/backup/.", file=sys.stderr)
+        raise SystemExit(130) from None
     if "model_path" not in summary:  # A JAX process other than 0: process 0 saved the model.
         print(f"process {multihost.process_index()}: eval done, process 0 saved the model")
         return
