@@ -177,7 +177,9 @@ def test_litert_ops_times_each_op_and_says_where_it_ran(capsys):
     litert_ops.main(["--tokens", "5", "--width", "16", "--heads", "2", "--runs", "2"])
     rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|")[3:6]
             for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line}
-    assert len(rows) == 1 + 14 and all(float(one) > 0 and float(two) > 0 for one, two, _ in list(rows.values())[1:])
+    # Times in ms to 0.001: at these tiny shapes the fastest ops (LOGISTIC) can print as 0.000.
+    times = [float(cell) for one, two, _ in list(rows.values())[1:] for cell in (one, two)]
+    assert len(rows) == 1 + 14 and min(times) >= 0 and max(times) > 0, rows
     outside = {case: where.strip() for case, (_, _, where) in rows.items()}
     # The interpreter's own kernel takes an int8 BATCH_MATMUL whose right operand has a zero point; XNNPACK
     # takes it on keras_vit's symmetric range. The squared LayerNorm brings SQUARED_DIFFERENCE, the product not.
