@@ -348,12 +348,12 @@ def test_image_folder_decodes_odd_files_and_skips_bad_ones(tmp_path):
     assert time.time() - start < 60
 
 
-@pytest.mark.slow
 def _input_iterators() -> list:
     """The tf.data iterators alive in this process."""
     return [item for item in gc.get_objects() if isinstance(item, tf.data.Iterator)]
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
     class PoisonWeights(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
