@@ -163,9 +163,8 @@ def test_bicubic_matches_torch_interpolate_on_random_sizes():
 @pytest.mark.parametrize("antialias", [False, True])
 def test_the_layers_graph_matrix_is_the_loaders(antialias):
     """`layers.position_tables.bicubic_matrix` (keras.ops, sizes known at run time) against
-    `resample.torch_bicubic_matrix`
-    (NumPy float64, checked against torch above), down and up, including sizes given as tensors in a traced
-    function, as a model of any input size computes them."""
+    `resample.torch_bicubic_matrix` (NumPy float64, checked against torch above), down and up, including sizes
+    given as tensors in a traced function, as a model of any input size computes them."""
     import tensorflow as tf
 
     from keras_vit.layers import position_tables

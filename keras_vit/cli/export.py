@@ -39,8 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--any-size", action="store_true",
                         help="build --variant / --weights for any input size (instead of --image-size): "
                              "serving_default then takes images at their own size, multiples of the patch stride, "
-                             "without resizing (a "
-                             ".keras model built with input_shape=(None, None, 3) is exported so by itself)")
+                             "without resizing (a .keras model built with input_shape=(None, None, 3) is exported so "
+                             "by itself)")
     parser.add_argument("--signatures", default="",
                         help="extra signatures from encoded images, comma-separated: embed (the pooled image "
                              "embedding), features (blocks' token maps, --feature-blocks), explain (the attention "

@@ -234,5 +234,5 @@ def _compilable_input(x) -> bool:
 __all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "SERVING_KERNELS", "XLA_BLOCK_MAX_ROWS", "Capabilities",
            "KernelChoice", "active", "batch_matmul", "check_serving_kernels", "choose", "compiled_inference",
            "cpu_flags", "cpu_kernels", "dense", "detect", "exact_quotient", "expect_size", "fused_attention",
-           "fused_attention_pays",
-           "gelu", "layer_norm", "machine_choice", "rematerialized", "served_on", "warn_if_bfloat16_is_emulated"]
+           "fused_attention_pays", "gelu", "layer_norm", "machine_choice", "rematerialized", "served_on",
+           "warn_if_bfloat16_is_emulated"]
