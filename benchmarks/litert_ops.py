@@ -76,13 +76,16 @@ def cases(tokens: int, width: int, heads: int) -> list[tuple[str, str, object, l
     ]
 
 
-def convert(function, shapes: list[tuple[int, ...]], conversion: str) -> bytes:
+def convert(function, shapes: list[tuple[int, ...]], conversion: str, draw=None) -> bytes:
+    """`function` of float32 inputs of `shapes` as a full-int8 flatbuffer, calibrated on 8 draws of
+    `draw(rng, shape)` (default: standard normal)."""
+    draw = draw or (lambda rng, shape: rng.standard_normal(shape))
     specs = [tf.TensorSpec(shape, tf.float32) for shape in shapes]
     traced = tf.function(function)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([traced.get_concrete_function(*specs)], traced)
     rng = np.random.default_rng(1)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = lambda: ([rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+    converter.representative_dataset = lambda: ([draw(rng, shape).astype(np.float32) for shape in shapes]
                                                 for _ in range(8))
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     converter.inference_input_type = converter.inference_output_type = tf.int8
