@@ -372,6 +372,23 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
     assert not os.path.exists(tmp_path / "model.keras")
 
 
+@pytest.mark.slow
+def test_interrupt_mid_epoch_frees_the_pipeline_and_resumes(tmp_path):
+    class Interrupt(keras.callbacks.Callback):  # Ctrl-C in a notebook, mid-way through the second epoch
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.optimizer.iterations.numpy() == 6:
+                raise KeyboardInterrupt
+
+    config = tiny_config("epochs=3", "steps_per_epoch=4")
+    before = {id(item) for item in _input_iterators()}
+    with pytest.raises(KeyboardInterrupt, match=r"resumes from its last backup in .*backup"):
+        trainer.train_and_evaluate(config, str(tmp_path), callbacks=[Interrupt()], verbose=0)
+    assert [item for item in _input_iterators() if id(item) not in before] == []
+    # The same call resumes from the end of epoch 1 and runs the 3 x 4 steps in all.
+    summary = trainer.train_and_evaluate(config, str(tmp_path), verbose=0)
+    assert summary["optimizer_iterations"] == 12 and os.path.exists(summary["model_path"])
+
+
 # === Fine-tuning ===
 
 

@@ -365,14 +365,17 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
             results = model.evaluate(eval_data, return_dict=True, verbose=0)
     except NaNLossError as error:
         stopped = NaNLossError(str(error))
+    except KeyboardInterrupt:
+        stopped = KeyboardInterrupt(f"Training interrupted. train_and_evaluate with the same workdir ({workdir}) "
+                                    f"resumes from its last backup in {os.path.join(workdir, 'backup')}.")
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
     if stopped:
         # Stopped mid-epoch, Keras' epoch iterator and its suspended generator hold each other, and with them the
         # input pipeline's iterator (its threads and prefetched batches), until a garbage collection; collected
         # at some later point, that iterator has waited 40-57 s for its tf.data autotuning thread (TensorFlow
-        # 2.21, in the test suite). The caught error's frames reach it too: free it now, and raise
-        # the same message afresh.
+        # 2.21, in the test suite). The caught error's frames reach it too: free it now, and raise the stop
+        # afresh (other errors keep their traceback, and with it the pipeline, for as long as it is kept).
         gc.collect()
         raise stopped
     results = exact_results(results)
