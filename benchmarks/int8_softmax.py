@@ -29,7 +29,6 @@ import tensorflow as tf  # noqa: E402
 from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 from benchmarks import litert_ops  # noqa: E402
-from benchmarks.run import _cpu  # noqa: E402
 
 TEMPERATURES = (0.3, 1.0, 3.0, 8.0, 20.0)
 CHECKS = 4  # draws the error is taken over
@@ -86,19 +85,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=40)
     args = parser.parse_args(argv)
     shape = (1, args.heads, args.tokens, args.tokens)
-    cpu, isa = _cpu()
-    print(f"{cpu} ({', '.join(isa)}), {os.cpu_count()} CPUs; TensorFlow {tf.__version__}; softmax of {shape} "
-          f"logits, full int8, temperatures {TEMPERATURES} by row; median of {args.runs}")
+    print(f"{litert_ops.machine()}; softmax of {shape} logits, full int8, temperatures {TEMPERATURES} by row; "
+          f"median of {args.runs}")
     print("| softmax | 1 thread (ms) | 2 threads (ms) | outside XNNPACK | largest error | row sums |")
     print("|---|---:|---:|---|---:|---|")
     with tempfile.TemporaryDirectory() as folder:
         for i, (name, function) in enumerate(FORMS):
             path = Path(folder) / f"{i}.tflite"
             path.write_bytes(litert_ops.convert(function, [shape], "plain", draw=mixed_logits))
-            (one, outside), (two, _) = (litert_ops.time_file(path, threads, args.runs) for threads in (1, 2))
-            listed = ", ".join(f"{op} {count}" for op, count in outside.items()) or "none"
             largest, low, high = errors(path, shape)
-            print(f"| {name} | {one:.3f} | {two:.3f} | {listed} | {largest:.4f} | {low:.3f} to {high:.3f} |",
+            print(f"| {name} | {litert_ops.timed_cells(path, args.runs)} | {largest:.4f} | {low:.3f} to {high:.3f} |",
                   flush=True)
 
 

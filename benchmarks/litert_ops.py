@@ -109,6 +109,19 @@ def time_file(path: Path, threads: int, runs: int) -> tuple[float, dict[str, int
     return 1000 * float(np.median(seconds[5:])), tflite.outside_delegates(interpreter)[0]
 
 
+def machine() -> str:
+    """The CPU, its ISA flags, the CPU count and TensorFlow's version: the first words of a table's header."""
+    cpu, isa = _cpu()
+    return f"{cpu} ({', '.join(isa)}), {os.cpu_count()} CPUs; TensorFlow {tf.__version__}"
+
+
+def timed_cells(path: Path, runs: int) -> str:
+    """"| 1 thread | 2 threads | outside XNNPACK |" cells of a file: `time_file` at 1 and 2 threads."""
+    (one, outside), (two, _) = (time_file(path, threads, runs) for threads in (1, 2))
+    listed = ", ".join(f"{op} {count}" for op, count in outside.items()) or "none"
+    return f"{one:.3f} | {two:.3f} | {listed}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,18 +130,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--runs", type=int, default=40)
     args = parser.parse_args(argv)
-    cpu, isa = _cpu()
-    print(f"{cpu} ({', '.join(isa)}), {os.cpu_count()} CPUs; TensorFlow {tf.__version__}; "
-          f"{args.tokens} tokens, width {args.width}, {args.heads} heads; full int8, median of {args.runs}")
+    print(f"{machine()}; {args.tokens} tokens, width {args.width}, {args.heads} heads; full int8, median of {args.runs}")
     print("| op | conversion | 1 thread (ms) | 2 threads (ms) | outside XNNPACK |")
     print("|---|---|---:|---:|---|")
     with tempfile.TemporaryDirectory() as folder:
         for i, (name, conversion, function, shapes) in enumerate(cases(args.tokens, args.width, args.heads)):
             path = Path(folder) / f"{i}.tflite"
             path.write_bytes(convert(function, shapes, conversion))
-            (one, outside), (two, _) = (time_file(path, threads, args.runs) for threads in (1, 2))
-            listed = ", ".join(f"{op} {count}" for op, count in outside.items()) or "none"
-            print(f"| {name} | {conversion} | {one:.3f} | {two:.3f} | {listed} |", flush=True)
+            print(f"| {name} | {conversion} | {timed_cells(path, args.runs)} |", flush=True)
 
 
 if __name__ == "__main__":
