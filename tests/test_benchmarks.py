@@ -209,9 +209,9 @@ def test_int8_softmax_forms_run_on_xnnpack_but_lose_the_rows_scale(capsys):
     softmax, by_reciprocal, by_log = rows.values()
     # XNNPACK runs int8 ELU: of the ELU forms only the reciprocal's DIV (or the LOG) stays in the interpreter.
     assert (softmax[2], by_reciprocal[2], by_log[2]) == ("SOFTMAX 1", "DIV 1", "LOG 1")
-    # The built-in is within one step of its output (1/256) on rows of mixed temperature; the ELU forms divide by
-    # a sum that int8 holds on one scale for all rows, and are several times less exact.
-    assert float(softmax[3]) <= 1 / 256 + 1e-4
+    # The built-in is within a step or two of its output (1/256; one here) on rows of mixed temperature; the ELU
+    # forms divide by a sum that int8 holds on one scale for all rows, and are several times less exact.
+    assert float(softmax[3]) <= 2 / 256
     assert min(float(by_reciprocal[3]), float(by_log[3])) > 5 * float(softmax[3]), rows
 
 
