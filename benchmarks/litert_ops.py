@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--runs", type=int, default=40)
     args = parser.parse_args(argv)
-    print(f"{machine()}; {args.tokens} tokens, width {args.width}, {args.heads} heads; full int8, median of {args.runs}")
+    print(f"{machine()}; {args.tokens} tokens, width {args.width}, {args.heads} heads; full int8, "
+          f"median of {args.runs}")
     print("| op | conversion | 1 thread (ms) | 2 threads (ms) | outside XNNPACK |")
     print("|---|---|---:|---:|---|")
     with tempfile.TemporaryDirectory() as folder:
