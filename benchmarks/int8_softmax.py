@@ -29,6 +29,7 @@ import tensorflow as tf  # noqa: E402
 from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 from benchmarks import litert_ops  # noqa: E402
+from keras_vit.export import tflite  # noqa: E402
 
 TEMPERATURES = (0.3, 1.0, 3.0, 8.0, 20.0)
 CHECKS = 4  # draws the error is taken over
@@ -63,15 +64,14 @@ def errors(path: Path, shape: tuple[int, ...]) -> tuple[float, float, float]:
     interpreter = Interpreter(model_path=str(path))
     interpreter.allocate_tensors()
     (inputs,), (outputs,) = interpreter.get_input_details(), interpreter.get_output_details()
-    (in_scale, in_zero), (out_scale, out_zero) = inputs["quantization"], outputs["quantization"]
     rng = np.random.default_rng(3)
     largest, sums = 0.0, []
     for _ in range(CHECKS):
-        quantized = np.clip(np.round(mixed_logits(rng, shape) / in_scale + in_zero), -128, 127)
-        interpreter.set_tensor(inputs["index"], quantized.astype(np.int8))
+        quantized = tflite._quantize(mixed_logits(rng, shape), inputs)
+        interpreter.set_tensor(inputs["index"], quantized)
         interpreter.invoke()
-        probabilities = (interpreter.get_tensor(outputs["index"]).astype(np.float32) - out_zero) * out_scale
-        reference = tf.nn.softmax((quantized - in_zero).astype(np.float32) * in_scale).numpy()
+        probabilities = tflite._dequantize(interpreter.get_tensor(outputs["index"]), outputs)
+        reference = tf.nn.softmax(tflite._dequantize(quantized, inputs)).numpy()
         largest = max(largest, float(np.abs(probabilities - reference).max()))
         sums.append(probabilities.sum(-1))
     return largest, float(np.min(sums)), float(np.max(sums))
