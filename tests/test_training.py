@@ -389,6 +389,41 @@ def test_interrupt_mid_epoch_frees_the_pipeline_and_resumes(tmp_path):
     assert summary["optimizer_iterations"] == 12 and os.path.exists(summary["model_path"])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("keras_has_it", [True, False])
+def test_interrupt_in_the_final_evaluation_resumes_without_training_again(tmp_path, monkeypatch, caplog,
+                                                                          keras_has_it):
+    """Ctrl-C once `fit` has finished: the backup is kept, and holds the trained state (the end of training saves it,
+    backups every 2 steps of 3), so the same call only evaluates. The fallback, forced: without Keras' private
+    `_save_model`, the backup is the last step save (epoch 2, batch 3) and the resume trains epoch 2 again."""
+    evaluate = keras.Model.evaluate
+
+    def interrupted_once(self, *args, **kwargs):
+        monkeypatch.setattr(keras.Model, "evaluate", evaluate)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(keras.Model, "evaluate", interrupted_once)
+    if not keras_has_it:
+        monkeypatch.setattr(trainer.SyncedBackupAndRestore, "SAVE", "_not_in_this_keras")
+    config = tiny_config("backup_every_steps=2")
+    with pytest.raises(KeyboardInterrupt, match=r"resumes from its last backup in .*backup"):
+        trainer.train_and_evaluate(config, str(tmp_path), verbose=0)
+    metadata = json.loads((tmp_path / "backup" / "worker_0" / "training_metadata.json").read_text())
+    summary = trainer.train_and_evaluate(config, str(tmp_path), verbose=0)
+    starts = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    if keras_has_it:
+        assert metadata == {"epoch": 2, "batch": 0}
+        assert starts == [{"initial_epoch": 0, "optimizer_iterations": 0},
+                          {"initial_epoch": 2, "optimizer_iterations": 6}]  # evaluated, no step trained
+        assert summary["optimizer_iterations"] == 6
+    else:
+        assert metadata == {"epoch": 1, "batch": 2}
+        assert "has no BackupAndRestore._not_in_this_keras" in caplog.text
+        assert starts[1] == {"initial_epoch": 1, "optimizer_iterations": 6} and summary["optimizer_iterations"] == 9
+    assert os.path.exists(summary["model_path"]) and 0 <= summary["top1"] <= 1
+    assert not (tmp_path / "backup" / "worker_0").exists()  # Deleted once the run's files are saved.
+
+
 # === Fine-tuning ===
 
 

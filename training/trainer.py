@@ -7,8 +7,9 @@ last (and best) weights, TensorBoard, NaN stop and a final evaluation. The recip
 Layout of `workdir` (worker `i > 0` of a tf.distribute multi-worker run writes the same under
 `workdir/worker_<i>/`; process `i > 0` of a multi-process JAX run writes its backup there and the rest to a
 scratch folder that the run deletes):
-    backup/worker_<i>/     keras.callbacks.BackupAndRestore (deleted when a run completes); on restart
-                           every worker or process takes the chief's restored state (SyncedBackupAndRestore)
+    backup/worker_<i>/     keras.callbacks.BackupAndRestore, kept until the run's files are saved (a run stopped
+                           in its final evaluation resumes there); on restart every worker or process takes the
+                           chief's restored state (SyncedBackupAndRestore)
     checkpoints/last.weights.h5, checkpoints/best.weights.h5 (recipes with a best metric)
     tensorboard/           TensorBoard scalars
     history.csv            one row per epoch, appended across restarts
@@ -165,9 +166,35 @@ class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
     The first epoch is Keras' private `model._initial_epoch` (`INITIAL_EPOCH`), which the parent sets from the
     backup and `fit` reads. Where a Keras release has no such attribute, the workers keep their own backups, as
     with Keras' BackupAndRestore, and a warning says so.
+
+    The backup outlives `fit` (`train_and_evaluate` deletes it once the run's files are saved), so a run stopped in
+    its final evaluation resumes with no epoch left to train. It then holds the trained state: with a `save_freq`
+    in steps, the end of training saves it once more with the parent's private `_save_model` (`SAVE`). Where a
+    Keras release has no such method, the backup stays the last one of the steps, and such a resume trains the last
+    epoch again, as after a stop in that epoch.
     """
 
     INITIAL_EPOCH = "_initial_epoch"
+    SAVE = "_save_model"
+
+    def __init__(self, backup_dir: str, save_freq: str | int = "epoch"):
+        # double_checkpoint: a kill while the backup is written leaves the previous one to restore.
+        super().__init__(backup_dir, save_freq=save_freq, double_checkpoint=True, delete_checkpoint=False)
+        self._epochs_ended = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        self._epochs_ended += 1
+
+    def on_train_end(self, logs=None):
+        if self.save_freq == "epoch" or not self._epochs_ended:  # Saved at the last epoch's end, or nothing new.
+            return
+        save = getattr(self, self.SAVE, None)
+        if save is None:
+            logging.warning("This Keras (%s) has no BackupAndRestore.%s: the backup keeps the state of its last step "
+                            "save, not the end of training.", keras.__version__, self.SAVE)
+            return
+        save()
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
@@ -206,13 +233,24 @@ class RunLog(keras.callbacks.Callback):
         self._logged = False
 
     def on_epoch_begin(self, epoch, logs=None):
-        if self._logged:
-            return
+        if not self._logged:
+            self._log(epoch, "Training starts at epoch %d, optimizer iteration %d.")
+
+    def on_train_end(self, logs=None):
+        if not self._logged:  # Restored from a backup of the finished training: no epoch ran.
+            self._log(self.params["epochs"], "Training had ended (epoch %d, optimizer iteration %d): evaluating.")
+
+    def _log(self, epoch: int, message: str) -> None:
         self._logged = True
         entry = {"initial_epoch": epoch, "optimizer_iterations": optimizer_iterations(self.model)}
-        logging.info("Training starts at epoch %d, optimizer iteration %d.", epoch, entry["optimizer_iterations"])
+        logging.info(message, epoch, entry["optimizer_iterations"])
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(entry) + "\n")
+
+
+def backup_dir(workdir: str, worker: int) -> str:
+    """The folder of worker (or process) `worker`'s backup."""
+    return os.path.join(workdir, "backup", f"worker_{worker}")
 
 
 def make_callbacks(config: Config, workdir: str, outdir: str, worker: int,
@@ -229,9 +267,7 @@ def make_callbacks(config: Config, workdir: str, outdir: str, worker: int,
         monitor=f"val_{best_metric}" if config.validate else best_metric, mode="max", save_best_only=True)]
     return [
         StopOnNaN(outdir),
-        # double_checkpoint: a kill while the backup is written leaves the previous one to restore.
-        SyncedBackupAndRestore(os.path.join(workdir, "backup", f"worker_{worker}"),
-                               save_freq=config.backup_every_steps or "epoch", double_checkpoint=True),
+        SyncedBackupAndRestore(backup_dir(workdir, worker), save_freq=config.backup_every_steps or "epoch"),
         RunLog(os.path.join(outdir, "train_log.jsonl")),
         keras.callbacks.ModelCheckpoint(os.path.join(checkpoints, "last.weights.h5"), save_weights_only=True),
         *best,
@@ -385,9 +421,11 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
                **recipe.save(model, backbone, outdir), "eval_path": os.path.join(outdir, "model.eval.json")}
     if distribute.is_scratch(outdir, workdir):  # Process 0 saved the same files in workdir.
         shutil.rmtree(outdir, ignore_errors=True)
-        return {name: value for name, value in summary.items() if not name.endswith("_path")}
-    with open(summary["eval_path"], "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2)
-    shown = ", ".join(f"{name} {value:.4f}" for name, value in results.items())
-    logging.info("Eval: %s. Saved %s", shown, summary["model_path"])
+        summary = {name: value for name, value in summary.items() if not name.endswith("_path")}
+    else:
+        with open(summary["eval_path"], "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in results.items())
+        logging.info("Eval: %s. Saved %s", shown, summary["model_path"])
+    shutil.rmtree(backup_dir(workdir, worker), ignore_errors=True)  # The run is complete.
     return summary
