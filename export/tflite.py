@@ -39,6 +39,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
 
 from keras_vit import datasets
+from keras_vit.atomic import atomic_write
 
 from . import ALL_MODES, data, model_io
 from .tflite_conversion import (INT8_CPU_FLOAT_OPS, MIXED_INT8_OPS, _BUILTIN_NAMES, available_modes, builtin_code,
@@ -336,8 +337,9 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
                                       else float(np.mean(reference.argmax(-1) == evaluation_labels))),
               "thresholds": {"max_abs_diff": MAX_ABS_DIFF, "max_top1_drop": max_top1_drop},
               "modes": results}
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(markdown_report(report), encoding="utf-8")
+    for name, text in (("report.json", json.dumps(report, indent=2) + "\n"), ("report.md", markdown_report(report))):
+        with atomic_write(out / name) as partial:
+            Path(partial).write_text(text, encoding="utf-8")
     refused = [result for result in results if result["refused"]]
     if refused:
         raise Top1DropError("Refused " + "; ".join(_refusal(result, max_top1_drop) for result in refused) + ".",

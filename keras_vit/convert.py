@@ -18,6 +18,7 @@ import keras
 import numpy as np
 
 from keras_vit import models
+from keras_vit.atomic import atomic_write
 from keras_vit.checkpoints.reader import read_checkpoint
 
 
@@ -36,7 +37,9 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
     validate_output: the written file is read back into a fresh model (`keras.saving.load_model` for
     `.keras`; a new model built from the model's config for `.weights.h5`) and compared with the
     checkpoint-loaded model on two random images. Faithfulness of that model to the source is what the
-    loader checks (every key and shape) and what the tests measure against NumPy forward passes.
+    loader checks (every key and shape) and what the tests measure against NumPy forward passes. The file is
+    written under a hidden name beside `output` and moved into place once read back, so an interrupted or
+    failed conversion leaves no partial file and an older `output` whole.
 
     Args:
         checkpoint: path of the `.npz` (either Flax naming) or `.safetensors` file.
@@ -66,17 +69,23 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
         pooling=None if classes else file.pooling,
         include_preprocessing=takes_pixels, layer_norm_epsilon=layer_norm_epsilon,
         gelu_approximate=gelu_approximate, activation=activation)
-    if output.endswith(".keras"):
-        model.save(output)
-        converted = keras.saving.load_model(output)
-    else:
-        model.save_weights(output)
-        converted = models.ViTModel.from_config(model.get_config())
-        converted.load_weights(output)
+    converted = _write_read_back(model, output)
     low, high = (0.0, 255.0) if takes_pixels else (-1.0, 1.0)
     images = np.random.default_rng(0).uniform(low, high, (2, *image_size, 3)).astype("float32")
     difference = np.abs(np.asarray(converted(images), np.float64) - np.asarray(model(images), np.float64)).max()
     return model, float(difference)
+
+
+def _write_read_back(model: keras.Model, output: str) -> keras.Model:
+    """Writes `model` to `output` (atomically) and reads the file back into a new model."""
+    with atomic_write(output) as partial:
+        if output.endswith(".keras"):
+            model.save(partial)
+            return keras.saving.load_model(partial)
+        model.save_weights(partial)
+        converted = models.ViTModel.from_config(model.get_config())
+        converted.load_weights(partial)
+        return converted
 
 
 def convert_npz(checkpoint: str, output: str, *, variant: str | None = None,

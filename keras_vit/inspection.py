@@ -26,6 +26,7 @@ import numpy as np
 
 from keras_vit import features
 from keras_vit import layers as vit_layers
+from keras_vit.atomic import atomic_write
 
 FILTER_CHANNELS = (1, 3)
 FIGURES = ("attention_rollout.png", "mean_attention_distance.png", "position_embedding_similarity.png",
@@ -231,7 +232,8 @@ def _figure(**kwargs):
 
 
 def _save(figure, path: str) -> str:
-    figure.savefig(path, dpi=100, bbox_inches="tight")
+    with atomic_write(path) as partial:
+        figure.savefig(partial, dpi=100, bbox_inches="tight")
     return path
 
 

@@ -14,7 +14,8 @@
 Each command's `--help` works on the base install (`pip install keras_vit`, no backend): the parsers import
 nothing heavy. `main` first calls `require(command, extra)`, which ends the run with one line naming the extra
 to install when a distribution of that extra (as the installed package declares it) or a Keras backend is
-missing, instead of an ImportError traceback.
+missing, instead of an ImportError traceback. Ctrl-C ends a command with one line and exit status 130
+(`exits_on_interrupt`; `keras-vit-train` says how to resume), not a traceback.
 
 TensorFlow, which the `training` and `export` extras run on, is checked by import, not by distribution name:
 those extras do not declare it (the `tensorflow` extra does), so that they install beside the TensorFlow an
@@ -24,8 +25,11 @@ image already has, whichever distribution provides it (`tensorflow`, `tensorflow
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
+import sys
+from typing import Callable, Sequence
 
 
 def missing_distributions(extra: str) -> list[str]:
@@ -93,3 +97,22 @@ def require(command: str, extra: str | None) -> None:
     except ImportError as error:
         raise SystemExit(f"{command} needs Keras with a backend ({error}): pip install \"keras_vit[tensorflow]\" "
                          "(or JAX or PyTorch, with KERAS_BACKEND set)") from None
+
+
+def exits_on_interrupt(command: str, note: str = "") -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Decorates a command's `main`: Ctrl-C (KeyboardInterrupt) ends it with one line, `"<command>: interrupted."`
+    and `note`, and exit status 130, as a shell reports SIGINT."""
+    def decorate(main: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(main)
+        def run(argv: Sequence[str] | None = None) -> int:
+            try:
+                return main(argv)
+            except KeyboardInterrupt:
+                print(" ".join(filter(None, [f"{command}: interrupted.", note])), file=sys.stderr)
+                raise SystemExit(130) from None
+        return run
+    return decorate
+
+
+# The note of the commands that write their files atomically (moved into place once whole).
+NOTHING_HALF_WRITTEN = "No file is left half-written."

@@ -25,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@cli.exits_on_interrupt("keras-vit-fewshot")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)

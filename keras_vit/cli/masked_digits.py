@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@cli.exits_on_interrupt("keras-vit-masked-digits")
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     cli.require("keras-vit-masked-digits", "training")

@@ -1,0 +1,105 @@
+"""The command lines when stopped: Ctrl-C ends each in one line and exit status 130, and the files they write are
+whole or absent (`keras_vit.atomic.atomic_write`). Training's own Ctrl-C line and resume: tests/test_training.py."""
+
+import importlib
+import os
+import re
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import cli, convert
+from keras_vit.atomic import atomic_write
+from keras_vit.cli import convert as convert_cli
+from tests.testing import TINY_VIT, save_checkpoint, vit_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+# Arguments each command parses; the interrupt comes at its first step after parsing (`cli.require`).
+ARGUMENTS = {
+    "keras-vit-export": ["--variant", "Ti/16", "--out", "x"],
+    "keras-vit-tflite": ["--variant", "Ti/16", "--out", "x"],
+    "keras-vit-inspect": ["--variant", "Ti/16", "--out", "x", "--image", "a.png"],
+    "keras-vit-convert": ["a.npz", "b.weights.h5"],
+    "keras-vit-fewshot": ["--variant", "Ti/16"],
+    "keras-vit-masked-digits": ["--workdir", "x"],
+}
+WRITE_ATOMICALLY = {"keras-vit-export", "keras-vit-tflite", "keras-vit-inspect", "keras-vit-convert"}
+
+
+def _console_scripts() -> dict[str, str]:
+    """setup.py's console scripts: command -> module."""
+    text = (ROOT / "setup.py").read_text(encoding="utf-8")
+    return dict(re.findall(r'"(keras-vit-[a-z-]+)": "keras_vit\.cli\.(\w+):\w+"', text))
+
+
+def test_every_command_but_train_is_covered():
+    assert set(_console_scripts()) - set(ARGUMENTS) == {"keras-vit-train"}  # Its own line says how to resume.
+
+
+@pytest.mark.parametrize("command", sorted(ARGUMENTS))
+def test_ctrl_c_ends_a_command_in_one_line_with_status_130(command, monkeypatch, capsys):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "require", interrupted)
+    main = importlib.import_module(f"keras_vit.cli.{_console_scripts()[command]}").main
+    with pytest.raises(SystemExit) as done:
+        main(ARGUMENTS[command])
+    assert done.value.code == 130
+    note = " No file is left half-written." if command in WRITE_ATOMICALLY else ""
+    assert capsys.readouterr().err == f"{command}: interrupted.{note}\n"
+
+
+def test_atomic_write_replaces_only_a_whole_file(tmp_path):
+    target = tmp_path / "figure.png"
+    target.write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_write(target) as partial:
+            assert partial.endswith(".png") and Path(partial).parent == tmp_path
+            Path(partial).write_bytes(b"ne")
+            raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == ["figure.png"] and target.read_bytes() == b"old"
+    with atomic_write(target) as partial:
+        Path(partial).write_bytes(b"new")
+    assert os.listdir(tmp_path) == ["figure.png"] and target.read_bytes() == b"new"
+    with atomic_write(tmp_path / "new" / "model.weights.h5") as partial:  # Its folder is made.
+        assert partial.endswith(".weights.h5")
+        Path(partial).write_bytes(b"weights")
+    assert os.listdir(tmp_path / "new") == ["model.weights.h5"]
+
+
+@pytest.mark.parametrize("output", ["vit.weights.h5", "vit.keras"])
+def test_converter_stopped_while_writing_leaves_the_older_file_whole(output, tmp_path, monkeypatch, capsys):
+    """Ctrl-C while Keras writes the file: the command ends in one line, and the file there before is untouched."""
+    checkpoint = save_checkpoint(tmp_path / "vit.npz", vit_checkpoint(TINY_VIT, classes=10))
+    target = tmp_path / output
+    target.write_bytes(b"an older conversion")
+    method = "save" if output.endswith(".keras") else "save_weights"
+    write = getattr(keras.Model, method)
+
+    def stopped_mid_write(self, path, *args, **kwargs):
+        write(self, path, *args, **kwargs)
+        with open(path, "r+b") as half:
+            half.truncate(os.path.getsize(path) // 2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(keras.Model, method, stopped_mid_write)
+    with pytest.raises(SystemExit) as done:
+        convert_cli.main([checkpoint, str(target)])
+    assert done.value.code == 130
+    assert capsys.readouterr().err == "keras-vit-convert: interrupted. No file is left half-written.\n"
+    assert sorted(os.listdir(tmp_path)) == sorted(["vit.npz", output]) and target.read_bytes() == b"an older conversion"
+
+    monkeypatch.setattr(keras.Model, method, write)
+    model, difference = convert.convert_checkpoint(checkpoint, str(target))
+    assert difference == 0 and sorted(os.listdir(tmp_path)) == sorted(["vit.npz", output])
+    x = np.random.default_rng(0).uniform(0, 255, (1, 32, 32, 3)).astype("float32")
+    if output.endswith(".keras"):
+        written = keras.saving.load_model(target)
+    else:
+        written = keras_vit.ViTModel.from_config(model.get_config())
+        written.load_weights(target)
+    np.testing.assert_array_equal(np.asarray(written(x)), np.asarray(model(x)))
