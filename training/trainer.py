@@ -187,6 +187,7 @@ class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._epochs_ended += 1
 
     def on_train_end(self, logs=None):
+        super().on_train_end(logs)  # Keeps the backup (delete_checkpoint=False).
         if self.save_freq == "epoch" or not self._epochs_ended:  # Saved at the last epoch's end, or nothing new.
             return
         save = getattr(self, self.SAVE, None)
