@@ -7,6 +7,7 @@ No test touches the network.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gc
 import json
 import os
@@ -424,6 +425,33 @@ def test_interrupt_in_the_final_evaluation_resumes_without_training_again(tmp_pa
     assert not (tmp_path / "backup" / "worker_0").exists()  # Deleted once the run's files are saved.
 
 
+@pytest.mark.slow
+def test_resume_keeps_the_model_and_optimizer_and_names_what_changed(tmp_path, caplog):
+    """A backup is resumed only with its model and optimizer: another is refused before anything loads (Keras
+    would fail on the model's variables, and drop another optimizer's state, restarting the schedule). A lower
+    learning rate, as after a NaN stop, resumes with a warning and is recorded for the next resume."""
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.optimizer.iterations.numpy() == 4:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train_and_evaluate(tiny_config(), str(tmp_path), callbacks=[Interrupt()], verbose=0)
+    recorded = tmp_path / "backup" / "worker_0" / "config.json"
+    assert json.loads(recorded.read_text()) == json.loads(json.dumps(dataclasses.asdict(tiny_config())))
+    backup = sorted(os.listdir(recorded.parent))
+    for changed, named in [("hidden_dim=32", "hidden_dim 16 -> 32"), ("optimizer=sgd", "optimizer 'adamw' -> 'sgd'")]:
+        with pytest.raises(trainer.ResumeConfigError, match=(
+                rf"^{tmp_path} holds the backup of a run with another model or optimizer \({named}\)\. Resume it with "
+                rf"the config it was made with, or train in a new workdir \(with the same model, "
+                rf"weights={tmp_path}/checkpoints/last.weights.h5 starts")):
+            trainer.train_and_evaluate(tiny_config(changed), str(tmp_path), verbose=0)
+        assert sorted(os.listdir(recorded.parent)) == backup
+    summary = trainer.train_and_evaluate(tiny_config("lr=1e-4"), str(tmp_path), verbose=0)
+    assert "with a changed config: lr 0.002 -> 0.0001." in caplog.text
+    assert summary["optimizer_iterations"] == 6 and not recorded.parent.exists()
+
+
 # === Fine-tuning ===
 
 
@@ -628,8 +656,8 @@ def test_cli_help_explains_every_flag():
 
 @pytest.mark.slow
 def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
-    """A NaN stop exits with 1 and its message, Ctrl-C (SIGINT) mid-training with 130 and how to resume: one line
-    each, no traceback."""
+    """A NaN stop exits with 1 and its message, Ctrl-C (SIGINT) mid-training with 130 and how to resume, and the
+    resume with another model with 1 and what differs: one line each, no traceback."""
     nan = subprocess.run(_cli(tmp_path / "nan", "optimizer=sgd", "lr=1e30"), env=subprocess_env(),
                          capture_output=True, text=True, timeout=300)
     assert nan.returncode == 1, nan.stderr[-3000:]
@@ -653,6 +681,13 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
     assert lines[-1].strip() == (f"keras-vit-train: interrupted. Run the same command (--workdir={workdir}) to "
                                  f"resume from its last backup in {workdir}/backup/."), "".join(lines)[-3000:]
     assert not any("Traceback" in line for line in lines), "".join(lines)[-3000:]
+
+    other_model = subprocess.run(_cli(workdir, "epochs=1000", "steps_per_epoch=50", "hidden_dim=32"),
+                                 env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert other_model.returncode == 1, other_model.stderr[-3000:]
+    assert other_model.stderr.strip().splitlines()[-1].startswith(
+        f"keras-vit-train: {workdir} holds the backup of a run with another model or optimizer (hidden_dim 16 -> 32)."
+    ) and "Traceback" not in other_model.stderr, other_model.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ Layout of `workdir` (worker `i > 0` of a tf.distribute multi-worker run writes t
 scratch folder that the run deletes):
     backup/worker_<i>/     keras.callbacks.BackupAndRestore, kept until the run's files are saved (a run stopped
                            in its final evaluation resumes there); on restart every worker or process takes the
-                           chief's restored state (SyncedBackupAndRestore)
+                           chief's restored state (SyncedBackupAndRestore); config.json, the config it is made
+                           with (check_resume_config)
     checkpoints/last.weights.h5, checkpoints/best.weights.h5 (recipes with a best metric)
     tensorboard/           TensorBoard scalars
     history.csv            one row per epoch, appended across restarts
@@ -32,6 +33,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.atomic import atomic_write
+
 from . import data as data_lib
 from . import distribute, masked, multihost, supervised
 from .configs import Config
@@ -46,6 +49,10 @@ PRECISIONS = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
 
 class NaNLossError(FloatingPointError):
     """Training produced a non-finite loss."""
+
+
+class ResumeConfigError(ValueError):
+    """The workdir's backup was made with another config than the one given to resume it."""
 
 
 def optimizer_iterations(model: keras.Model) -> int:
@@ -254,6 +261,46 @@ def backup_dir(workdir: str, worker: int) -> str:
     return os.path.join(workdir, "backup", f"worker_{worker}")
 
 
+# Config fields that fix what a backup holds (the model's and the optimizer's variables): a resume keeps them.
+# The others (learning rate, schedule, regularization, data options) may change, e.g. a lower learning rate after
+# a NaN stop; a warning names them.
+RESUME_FIXED = frozenset({"recipe", "variant", "patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers",
+                          "classifier", "representation_size", "image_size", "dataset", "optimizer",
+                          "grad_accum_steps", "masked_target", "target_bits"})
+
+
+def check_resume_config(config: Config, workdir: str, worker: int) -> None:
+    """Checks `config` against the config that worker `worker`'s backup in `workdir` was made with, before anything
+    is loaded, and records it there for the next resume.
+
+    Raises `ResumeConfigError`, naming the fields, where a `RESUME_FIXED` field differs: Keras would fail to load the
+    backup into another model (an error about objects that could not be loaded), and into another optimizer would
+    drop the optimizer's state with a warning (its step count, and with it the schedule, back to 0). Other changed
+    fields are logged as a warning.
+    """
+    folder = backup_dir(workdir, worker)
+    path = os.path.join(folder, "config.json")
+    current = json.loads(json.dumps(dataclasses.asdict(config)))
+    saved = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    changed = {name: f"{name} {saved.get(name)!r} -> {value!r}" for name, value in current.items()
+               if saved and saved.get(name) != value}
+    fixed = [change for name, change in changed.items() if name in RESUME_FIXED]
+    if fixed:
+        raise ResumeConfigError(
+            f"{workdir} holds the backup of a run with another model or optimizer ({'; '.join(fixed)}). Resume it "
+            f"with the config it was made with, or train in a new workdir (with the same model, "
+            f"weights={os.path.join(workdir, 'checkpoints', 'last.weights.h5')} starts from this run's weights).")
+    if changed:
+        logging.warning("Resuming the backup in %s with a changed config: %s.", folder, "; ".join(changed.values()))
+    if changed or not saved:
+        os.makedirs(folder, exist_ok=True)
+        with atomic_write(path) as partial, open(partial, "w", encoding="utf-8") as f:
+            json.dump(current, f, indent=2)
+
+
 def make_callbacks(config: Config, workdir: str, outdir: str, worker: int,
                    best_metric: str | None = "top1") -> list[keras.callbacks.Callback]:
     """NaN guard (first), backup per worker, run log, last/best weights, CSV history, TensorBoard.
@@ -384,6 +431,7 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
     logging.info("Recipe %s, strategy %s with %d replicas; %s train / %s eval examples, %d classes; %d epochs x %d "
                  "steps.", config.recipe, distribute.describe(strategy), distribute.num_replicas(strategy),
                  datasets.num_train_examples, datasets.num_eval_examples, datasets.num_classes, epochs, steps_per_epoch)
+    check_resume_config(config, workdir, worker)
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(PRECISIONS[config.precision])
     stopped = None
