@@ -452,6 +452,25 @@ def test_resume_keeps_the_model_and_optimizer_and_names_what_changed(tmp_path, c
     assert summary["optimizer_iterations"] == 6 and not recorded.parent.exists()
 
 
+@pytest.mark.slow
+def test_a_second_run_of_a_workdir_is_refused_while_the_first_trains(tmp_path, monkeypatch):
+    """Two runs of one workdir would overwrite each other's backups: the second stops before it touches anything.
+    The lock goes with the first run (a SIGKILLed run's too: test_sigkill_mid_training_resumes_and_finishes).
+    Without `fcntl` (Windows) no lock is taken."""
+    with trainer.exclusive_backup(str(tmp_path), 0):
+        with pytest.raises(trainer.RunInProgressError, match=(
+                rf"^Another process \(process {os.getpid()} on .+\) is training in {tmp_path}: its backup "
+                rf"{tmp_path}/backup/worker_0 is locked\. Wait for that run to end or stop it, or train in another")):
+            trainer.train_and_evaluate(tiny_config(), str(tmp_path), verbose=0)
+        assert os.listdir(tmp_path / "backup" / "worker_0") == ["lock"]
+        with monkeypatch.context() as no_fcntl:
+            no_fcntl.setitem(sys.modules, "fcntl", None)
+            with trainer.exclusive_backup(str(tmp_path), 0):
+                pass
+    summary = trainer.train_and_evaluate(tiny_config(), str(tmp_path), verbose=0)
+    assert summary["optimizer_iterations"] == 6 and not (tmp_path / "backup" / "worker_0").exists()
+
+
 # === Fine-tuning ===
 
 
@@ -656,8 +675,9 @@ def test_cli_help_explains_every_flag():
 
 @pytest.mark.slow
 def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
-    """A NaN stop exits with 1 and its message, Ctrl-C (SIGINT) mid-training with 130 and how to resume, and the
-    resume with another model with 1 and what differs: one line each, no traceback."""
+    """A NaN stop exits with 1 and its message, a second run of a workdir while it trains and a resume with another
+    model with 1 and what is wrong, Ctrl-C (SIGINT) mid-training with 130 and how to resume: one line each, no
+    traceback."""
     nan = subprocess.run(_cli(tmp_path / "nan", "optimizer=sgd", "lr=1e30"), env=subprocess_env(),
                          capture_output=True, text=True, timeout=300)
     assert nan.returncode == 1, nan.stderr[-3000:]
@@ -674,7 +694,12 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
         lines.append(line)
         if "Training starts at epoch" in line:
             break
-    time.sleep(2)
+    second = subprocess.run(_cli(workdir, "epochs=1000", "steps_per_epoch=50"), env=subprocess_env(),
+                            capture_output=True, text=True, timeout=300)  # The same command, while it trains.
+    assert second.returncode == 1 and second.stderr.strip().splitlines()[-1].startswith(
+        f"keras-vit-train: Another process (process {process.pid} on ") and f"is training in {workdir}: its " \
+        "backup" in second.stderr and "Traceback" not in second.stderr, second.stderr[-3000:]
+    assert process.poll() is None, "training ended before it could be interrupted"
     process.send_signal(signal.SIGINT)
     lines += process.stderr.readlines()
     assert process.wait(timeout=120) == 130, "".join(lines)[-3000:]

@@ -20,6 +20,7 @@ scratch folder that the run deletes):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -27,7 +28,8 @@ import logging
 import math
 import os
 import shutil
-from typing import Sequence
+import socket
+from typing import Iterator, NamedTuple, Sequence
 
 import keras
 import numpy as np
@@ -53,6 +55,10 @@ class NaNLossError(FloatingPointError):
 
 class ResumeConfigError(ValueError):
     """The workdir's backup was made with another config than the one given to resume it."""
+
+
+class RunInProgressError(RuntimeError):
+    """Another process is training in the same workdir, as the same worker."""
 
 
 def optimizer_iterations(model: keras.Model) -> int:
@@ -261,6 +267,33 @@ def backup_dir(workdir: str, worker: int) -> str:
     return os.path.join(workdir, "backup", f"worker_{worker}")
 
 
+@contextlib.contextmanager
+def exclusive_backup(workdir: str, worker: int) -> Iterator[None]:
+    """Holds worker `worker`'s backup in `workdir` for this run: an exclusive `fcntl.flock` on its `lock` file, which
+    the OS releases when the process ends (SIGKILL too). Raises `RunInProgressError` while another process holds it:
+    two runs of one workdir would overwrite each other's backups and files. Where there is no `fcntl` (Windows), no
+    lock is taken."""
+    folder = backup_dir(workdir, worker)
+    os.makedirs(folder, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(os.path.join(folder, "lock"), "a+", encoding="utf-8") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            raise RunInProgressError(
+                f"Another process ({lock.read().strip() or 'unknown'}) is training in {workdir}: its backup {folder} "
+                "is locked. Wait for that run to end or stop it, or train in another workdir.") from None
+        lock.truncate(0)
+        lock.write(f"process {os.getpid()} on {socket.gethostname()}")
+        lock.flush()
+        yield
+
+
 # Config fields that fix what a backup holds (the model's and the optimizer's variables): a resume keeps them.
 # The others (learning rate, schedule, regularization, data options) may change, e.g. a lower learning rate after
 # a NaN stop; a warning names them.
@@ -337,12 +370,18 @@ def _schedule(config: Config, num_train_examples: int | None) -> tuple[int, int]
     return steps, epochs
 
 
-def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy):
-    """Checks the config against the strategy, seeds, makes this worker's output folder and the datasets.
+class Run(NamedTuple):
+    """What `prepare_run` sets up for this worker (or process)."""
+    worker: int
+    outdir: str  # `distribute.output_dir`
+    datasets: data_lib.Datasets
+    steps_per_epoch: int
+    epochs: int
 
-    Returns:
-        (worker index, output folder (`distribute.output_dir`), datasets, steps per epoch, epochs).
-    """
+
+def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy) -> Run:
+    """Checks the config against the strategy, seeds, makes this worker's output folder and the datasets."""
+    recipe = recipe_of(config)
     if config.precision not in PRECISIONS:
         raise ValueError(f"Unknown precision {config.precision!r}. Expected one of {sorted(PRECISIONS)}.")
     distribute.check_global_batch(config.batch_size, strategy)
@@ -354,11 +393,11 @@ def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy):
     os.makedirs(outdir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)
     datasets = data_lib.make_datasets(config)
-    if not recipe_of(config).exact_eval:  # the others pad the last eval batch (`evaluation_data`)
+    if not recipe.exact_eval:  # the others pad the last eval batch (`evaluation_data`)
         distribute.check_eval_split(datasets.eval_shard_sizes, strategy, config.dataset, config.eval_split)
     steps_per_epoch, epochs = _schedule(config, datasets.num_train_examples)
     logging.info("Config: %s", dataclasses.asdict(config))
-    return worker, outdir, datasets, steps_per_epoch, epochs
+    return Run(worker, outdir, datasets, steps_per_epoch, epochs)
 
 
 def recipe_of(config: Config) -> Recipe:
@@ -424,26 +463,45 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
         `loss` and, for classification targets, `masked_accuracy` for `masked_patches`), `num_eval_examples`,
         `skipped_examples` (corrupt files left out), `optimizer_iterations`, `eval_path` and the paths of
         the recipe's files (`model_path`; `encoder_path` and `encoder_weights_path` for `masked_patches`).
+
+    Raises:
+        NaNLossError: at the first non-finite loss; KeyboardInterrupt: on Ctrl-C. The backup keeps the last good
+            state, and the same call resumes from it.
+        ResumeConfigError: the workdir's backup is of another model or optimizer (`check_resume_config`).
+        RunInProgressError: another process is training in the workdir as this worker (`exclusive_backup`).
     """
-    recipe = recipe_of(config)
     strategy = strategy or _current_strategy()
-    worker, outdir, datasets, steps_per_epoch, epochs = prepare_run(config, workdir, strategy)
+    run = prepare_run(config, workdir, strategy)
     logging.info("Recipe %s, strategy %s with %d replicas; %s train / %s eval examples, %d classes; %d epochs x %d "
                  "steps.", config.recipe, distribute.describe(strategy), distribute.num_replicas(strategy),
-                 datasets.num_train_examples, datasets.num_eval_examples, datasets.num_classes, epochs, steps_per_epoch)
-    check_resume_config(config, workdir, worker)
+                 run.datasets.num_train_examples, run.datasets.num_eval_examples, run.datasets.num_classes,
+                 run.epochs, run.steps_per_epoch)
+    with exclusive_backup(workdir, run.worker):
+        check_resume_config(config, workdir, run.worker)
+        model, backbone, results = _fit_and_evaluate(config, workdir, strategy, run, callbacks, verbose)
+        summary = _save(config, workdir, run, model, backbone, results)
+        shutil.rmtree(backup_dir(workdir, run.worker), ignore_errors=True)  # The run is complete.
+    return summary
+
+
+def _fit_and_evaluate(config: Config, workdir: str, strategy: distribute.Strategy, run: Run,
+                      callbacks: Sequence[keras.callbacks.Callback], verbose: str | int
+                      ) -> tuple[keras.Model, keras.Model, dict]:
+    """Builds, fits (resuming from the backup) and evaluates: (model, backbone, eval results). A NaN stop or Ctrl-C
+    raises its error afresh, once the stopped input pipeline is freed."""
+    recipe = recipe_of(config)
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(PRECISIONS[config.precision])
     stopped = None
     try:
         with distribute.build_scope(strategy):
-            model, backbone = _build(config, datasets.num_classes)
-            model.compile(optimizer=make_optimizer(config, epochs * steps_per_epoch),
-                          **recipe.compile(config, datasets.num_classes))
-        nan_guard, *standard = make_callbacks(config, workdir, outdir, worker, best_metric=recipe.best_metric)
-        eval_data = evaluation_data(config, datasets)
+            model, backbone = _build(config, run.datasets.num_classes)
+            model.compile(optimizer=make_optimizer(config, run.epochs * run.steps_per_epoch),
+                          **recipe.compile(config, run.datasets.num_classes))
+        nan_guard, *standard = make_callbacks(config, workdir, run.outdir, run.worker, best_metric=recipe.best_metric)
+        eval_data = evaluation_data(config, run.datasets)
         with distribute.run_scope(strategy):
-            model.fit(recipe.inputs(datasets.train), epochs=epochs, steps_per_epoch=steps_per_epoch,
+            model.fit(recipe.inputs(run.datasets.train), epochs=run.epochs, steps_per_epoch=run.steps_per_epoch,
                       shuffle=False,  # tf.data shuffles.
                       validation_data=eval_data if config.validate else None,
                       callbacks=[nan_guard, *callbacks, *standard], verbose=verbose)
@@ -463,18 +521,22 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
         # afresh (other errors keep their traceback, and with it the pipeline, for as long as it is kept).
         gc.collect()
         raise stopped
+    return model, backbone, results
+
+
+def _save(config: Config, workdir: str, run: Run, model: keras.Model, backbone: keras.Model, results: dict) -> dict:
+    """Saves the recipe's files and `model.eval.json`; returns the summary (no paths from a scratch folder)."""
     results = exact_results(results)
     summary = {**results,
-               "num_eval_examples": datasets.num_eval_examples, "skipped_examples": datasets.skipped,
+               "num_eval_examples": run.datasets.num_eval_examples, "skipped_examples": run.datasets.skipped,
                "optimizer_iterations": optimizer_iterations(model),
-               **recipe.save(model, backbone, outdir), "eval_path": os.path.join(outdir, "model.eval.json")}
-    if distribute.is_scratch(outdir, workdir):  # Process 0 saved the same files in workdir.
-        shutil.rmtree(outdir, ignore_errors=True)
-        summary = {name: value for name, value in summary.items() if not name.endswith("_path")}
-    else:
-        with open(summary["eval_path"], "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
-        shown = ", ".join(f"{name} {value:.4f}" for name, value in results.items())
-        logging.info("Eval: %s. Saved %s", shown, summary["model_path"])
-    shutil.rmtree(backup_dir(workdir, worker), ignore_errors=True)  # The run is complete.
+               **recipe_of(config).save(model, backbone, run.outdir),
+               "eval_path": os.path.join(run.outdir, "model.eval.json")}
+    if distribute.is_scratch(run.outdir, workdir):  # Process 0 saved the same files in workdir.
+        shutil.rmtree(run.outdir, ignore_errors=True)
+        return {name: value for name, value in summary.items() if not name.endswith("_path")}
+    with open(summary["eval_path"], "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    shown = ", ".join(f"{name} {value:.4f}" for name, value in results.items())
+    logging.info("Eval: %s. Saved %s", shown, summary["model_path"])
     return summary

@@ -103,7 +103,7 @@ def main(argv: list[str]) -> None:
     logging.info("Devices: %s", distribute.device_names())
     try:
         summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
-    except (trainer.NaNLossError, trainer.ResumeConfigError) as error:  # What to do next, in one line.
+    except (trainer.NaNLossError, trainer.ResumeConfigError, trainer.RunInProgressError) as error:  # In one line.
         raise SystemExit(f"keras-vit-train: {error}") from None
     except KeyboardInterrupt:
         print(f"keras-vit-train: interrupted. Run the same command (--workdir={_WORKDIR.value}) to resume from its "
