@@ -1,5 +1,6 @@
 """The command lines when stopped: Ctrl-C ends each in one line and exit status 130, and the files they write are
-whole or absent (`keras_vit.atomic.atomic_write`). Training's own Ctrl-C line and resume: tests/test_training.py."""
+whole or absent (`keras_vit.atomic.atomic_write`). `keras-vit-train`'s own Ctrl-C line and resume:
+tests/test_training_runs.py."""
 
 import importlib
 import os

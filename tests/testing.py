@@ -20,6 +20,9 @@ TINY_HYBRID = dict(TINY_VIT, patch_size=1, num_layers=1, resnet_stages=(1, 1))
 # The smaller encoder of the training runs (16 px images: a 2x2 grid), as `training/` overrides.
 TRAIN_VIT = dict(patch_size=8, hidden_dim=16, mlp_dim=32, num_heads=2, num_layers=1)
 TRAIN_VIT_OVERRIDES = ["variant=", *(f"{key}={value}" for key, value in TRAIN_VIT.items())]
+# A tiny digits run (tests/test_training.py, tests/test_training_runs.py): 2 epochs of 3 steps at 16 pixels.
+TRAIN_TINY = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=2", "steps_per_epoch=3",
+              "warmup_steps=2", "validate=false", "shuffle_buffer=64"]
 
 
 def needs(package: str, why: str) -> pytest.MarkDecorator:
