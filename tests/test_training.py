@@ -427,6 +427,13 @@ def test_resume_keeps_the_model_and_optimizer_and_names_what_changed(tmp_path, c
     assert summary["optimizer_iterations"] == 6 and not recorded.parent.exists()
 
 
+def test_a_url_workdir_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^workdir 'gs://bucket/run' is a URL; the training workdir is a local path"):
+        trainer.train_and_evaluate(tiny_config(), "gs://bucket/run", verbose=0)
+    assert os.listdir(tmp_path) == []  # no local folder "gs:"
+
+
 @pytest.mark.slow
 def test_a_second_run_of_a_workdir_is_refused_while_the_first_trains(tmp_path, monkeypatch):
     """Two runs of one workdir would overwrite each other's backups: the second stops before it touches anything.

@@ -195,7 +195,7 @@ def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_help_explains_every_flag():
+def test_cli_help_explains_every_flag_and_a_url_workdir_is_one_line():
     result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--help"], env=subprocess_env(),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode in (0, 1), result.stderr  # absl exits with 1 after printing --help.
@@ -203,6 +203,11 @@ def test_cli_help_explains_every_flag():
                  "--[no]print_config"):
         assert flag in result.stdout
     assert "multiworker" in result.stdout and "key=value" in result.stdout
+
+    url = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--config=digits", "--workdir=gs://bucket/run"],
+                         env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert url.returncode == 1 and url.stderr.strip().splitlines()[-1].startswith(
+        "keras-vit-train: workdir 'gs://bucket/run' is a URL;") and "Traceback" not in url.stderr, url.stderr[-3000:]
 
 
 @pytest.mark.slow

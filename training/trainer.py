@@ -379,8 +379,19 @@ class Run(NamedTuple):
     epochs: int
 
 
+def check_workdir(workdir: str) -> None:
+    """Raises ValueError for a URL: the workdir is written with local file operations (os.makedirs would make a
+    local folder named after its scheme, e.g. `gs:`, and the outputs would stay on this machine)."""
+    if "://" in str(workdir):
+        raise ValueError(f"workdir {workdir!r} is a URL; the training workdir is a local path (backups, locks and "
+                         "files are written with local file operations). Train in a local folder (on a TPU VM, e.g. "
+                         "$HOME/run) and copy it to the bucket afterwards; data_dir may be a gs:// path.")
+
+
 def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy) -> Run:
-    """Checks the config against the strategy, seeds, makes this worker's output folder and the datasets."""
+    """Checks the workdir, and the config against the strategy; seeds, makes this worker's output folder and the
+    datasets."""
+    check_workdir(workdir)
     recipe = recipe_of(config)
     if config.precision not in PRECISIONS:
         raise ValueError(f"Unknown precision {config.precision!r}. Expected one of {sorted(PRECISIONS)}.")

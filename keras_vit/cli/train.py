@@ -88,6 +88,7 @@ def main(argv: list[str]) -> None:
         print(json.dumps(dataclasses.asdict(config), indent=2))
         return
     try:
+        trainer.check_workdir(_WORKDIR.value)
         cluster = multihost.Cluster.from_flags_and_env(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         if _MULTI_PROCESS.value or cluster.given:
             if keras.backend.backend() != "jax":
