@@ -1,4 +1,5 @@
-"""Files written whole or not at all: `atomic_write(path)` (the converter's output, the inspection figures)."""
+"""Files written whole or not at all: `atomic_write(path)` (the converter's output, the inspection figures, the
+LiteRT report, a training backup's config)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ tests/test_training_runs.py."""
 
 import importlib
 import os
-import re
 from pathlib import Path
 
 import keras
@@ -15,9 +14,9 @@ import keras_vit
 from keras_vit import cli, convert
 from keras_vit.atomic import atomic_write
 from keras_vit.cli import convert as convert_cli
+from tests.test_dependencies import SETUP
 from tests.testing import TINY_VIT, save_checkpoint, vit_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
 # Arguments each command parses; the interrupt comes at its first step after parsing (`cli.require`).
 ARGUMENTS = {
     "keras-vit-export": ["--variant", "Ti/16", "--out", "x"],
@@ -32,8 +31,8 @@ WRITE_ATOMICALLY = {"keras-vit-export", "keras-vit-tflite", "keras-vit-inspect",
 
 def _console_scripts() -> dict[str, str]:
     """setup.py's console scripts: command -> module."""
-    text = (ROOT / "setup.py").read_text(encoding="utf-8")
-    return dict(re.findall(r'"(keras-vit-[a-z-]+)": "keras_vit\.cli\.(\w+):\w+"', text))
+    entries = (entry.split("=") for entry in SETUP["entry_points"]["console_scripts"])
+    return {command: target.split(":")[0] for command, target in entries}
 
 
 def test_every_command_but_train_is_covered():
@@ -46,7 +45,7 @@ def test_ctrl_c_ends_a_command_in_one_line_with_status_130(command, monkeypatch,
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "require", interrupted)
-    main = importlib.import_module(f"keras_vit.cli.{_console_scripts()[command]}").main
+    main = importlib.import_module(_console_scripts()[command]).main
     with pytest.raises(SystemExit) as done:
         main(ARGUMENTS[command])
     assert done.value.code == 130

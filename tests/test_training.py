@@ -348,17 +348,25 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
     assert not os.path.exists(tmp_path / "model.keras")
 
 
+class InterruptAt(keras.callbacks.Callback):
+    """Ctrl-C (as in a notebook) once the optimizer has made `step` updates."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.model.optimizer.iterations.numpy() == self.step:
+            raise KeyboardInterrupt
+
+
 @pytest.mark.slow
 def test_interrupt_mid_epoch_frees_the_pipeline_and_resumes(tmp_path):
-    class Interrupt(keras.callbacks.Callback):  # Ctrl-C in a notebook, mid-way through the second epoch
-        def on_train_batch_end(self, batch, logs=None):
-            if self.model.optimizer.iterations.numpy() == 6:
-                raise KeyboardInterrupt
-
     config = tiny_config("epochs=3", "steps_per_epoch=4")
     before = {id(item) for item in _input_iterators()}
     with pytest.raises(KeyboardInterrupt, match=r"resumes from its last backup in .*backup"):
-        trainer.train_and_evaluate(config, str(tmp_path), callbacks=[Interrupt()], verbose=0)
+        # Mid-way through the second epoch.
+        trainer.train_and_evaluate(config, str(tmp_path), callbacks=[InterruptAt(6)], verbose=0)
     assert [item for item in _input_iterators() if id(item) not in before] == []
     # The same call resumes from the end of epoch 1 and runs the 3 x 4 steps in all.
     summary = trainer.train_and_evaluate(config, str(tmp_path), verbose=0)
@@ -405,13 +413,8 @@ def test_resume_keeps_the_model_and_optimizer_and_names_what_changed(tmp_path, c
     """A backup is resumed only with its model and optimizer: another is refused before anything loads (Keras
     would fail on the model's variables, and drop another optimizer's state, restarting the schedule). A lower
     learning rate, as after a NaN stop, resumes with a warning and is recorded for the next resume."""
-    class Interrupt(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            if self.model.optimizer.iterations.numpy() == 4:
-                raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        trainer.train_and_evaluate(tiny_config(), str(tmp_path), callbacks=[Interrupt()], verbose=0)
+        trainer.train_and_evaluate(tiny_config(), str(tmp_path), callbacks=[InterruptAt(4)], verbose=0)
     recorded = tmp_path / "backup" / "worker_0" / "config.json"
     assert json.loads(recorded.read_text()) == json.loads(json.dumps(dataclasses.asdict(tiny_config())))
     backup = sorted(os.listdir(recorded.parent))

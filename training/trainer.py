@@ -329,7 +329,6 @@ def check_resume_config(config: Config, workdir: str, worker: int) -> None:
     if changed:
         logging.warning("Resuming the backup in %s with a changed config: %s.", folder, "; ".join(changed.values()))
     if changed or not saved:
-        os.makedirs(folder, exist_ok=True)
         with atomic_write(path) as partial, open(partial, "w", encoding="utf-8") as f:
             json.dump(current, f, indent=2)
 
