@@ -23,7 +23,7 @@ import tensorflow as tf
 
 import keras_vit
 from tests.testing import TRAIN_TINY, TRAIN_VIT, python_path, save_checkpoint, subprocess_env, vit_checkpoint
-from keras_vit.training import configs, data, supervised, trainer
+from keras_vit.training import configs, data, resume, supervised, trainer
 from keras_vit.training.configs import Config
 
 
@@ -101,12 +101,12 @@ def test_synced_backup_takes_process_0s_state_or_without_the_keras_internal_each
     own = [np.asarray(v.value) for v in variables]
     process_0 = [np.full(v.shape, 7, v.dtype) for v in variables] + [np.array(3, np.int64)]
     broadcasts = []
-    monkeypatch.setattr(trainer.multihost, "process_count", lambda: 2)
-    monkeypatch.setattr(trainer.multihost, "broadcast_from_process_0",
+    monkeypatch.setattr(resume.multihost, "process_count", lambda: 2)
+    monkeypatch.setattr(resume.multihost, "broadcast_from_process_0",
                         lambda values: broadcasts.append(values) or process_0)
     if not keras_has_it:
-        monkeypatch.setattr(trainer.SyncedBackupAndRestore, "INITIAL_EPOCH", "_not_in_this_keras")
-    callback = trainer.SyncedBackupAndRestore(str(tmp_path / "backup"))
+        monkeypatch.setattr(resume.SyncedBackupAndRestore, "INITIAL_EPOCH", "_not_in_this_keras")
+    callback = resume.SyncedBackupAndRestore(str(tmp_path / "backup"))
     callback.set_model(model)
     callback.on_train_begin()
     if keras_has_it:
@@ -388,7 +388,7 @@ def test_interrupt_in_the_final_evaluation_resumes_without_training_again(tmp_pa
 
     monkeypatch.setattr(keras.Model, "evaluate", interrupted_once)
     if not keras_has_it:
-        monkeypatch.setattr(trainer.SyncedBackupAndRestore, "SAVE", "_not_in_this_keras")
+        monkeypatch.setattr(resume.SyncedBackupAndRestore, "SAVE", "_not_in_this_keras")
     config = tiny_config("backup_every_steps=2")
     with pytest.raises(KeyboardInterrupt, match=r"resumes from its last backup in .*backup"):
         trainer.train_and_evaluate(config, str(tmp_path), verbose=0)
@@ -419,7 +419,7 @@ def test_resume_keeps_the_model_and_optimizer_and_names_what_changed(tmp_path, c
     assert json.loads(recorded.read_text()) == json.loads(json.dumps(dataclasses.asdict(tiny_config())))
     backup = sorted(os.listdir(recorded.parent))
     for changed, named in [("hidden_dim=32", "hidden_dim 16 -> 32"), ("optimizer=sgd", "optimizer 'adamw' -> 'sgd'")]:
-        with pytest.raises(trainer.ResumeConfigError, match=(
+        with pytest.raises(resume.ResumeConfigError, match=(
                 rf"^{tmp_path} holds the backup of a run with another model or optimizer \({named}\)\. Resume it with "
                 rf"the config it was made with, or train in a new workdir \(with the same model, "
                 rf"weights={tmp_path}/checkpoints/last.weights.h5 starts")):
@@ -442,15 +442,15 @@ def test_a_second_run_of_a_workdir_is_refused_while_the_first_trains(tmp_path, m
     """Two runs of one workdir would overwrite each other's backups: the second stops before it touches anything.
     The lock goes with the first run (a SIGKILLed run's too: tests/test_training_runs.py).
     Without `fcntl` (Windows) no lock is taken."""
-    with trainer.exclusive_backup(str(tmp_path), 0):
-        with pytest.raises(trainer.RunInProgressError, match=(
+    with resume.exclusive_backup(str(tmp_path), 0):
+        with pytest.raises(resume.RunInProgressError, match=(
                 rf"^Another process \(process {os.getpid()} on .+\) is training in {tmp_path}: its backup "
                 rf"{tmp_path}/backup/worker_0 is locked\. Wait for that run to end or stop it, or train in another")):
             trainer.train_and_evaluate(tiny_config(), str(tmp_path), verbose=0)
         assert os.listdir(tmp_path / "backup" / "worker_0") == ["lock"]
         with monkeypatch.context() as no_fcntl:
             no_fcntl.setitem(sys.modules, "fcntl", None)
-            with trainer.exclusive_backup(str(tmp_path), 0):
+            with resume.exclusive_backup(str(tmp_path), 0):
                 pass
     summary = trainer.train_and_evaluate(tiny_config(), str(tmp_path), verbose=0)
     assert summary["optimizer_iterations"] == 6 and not (tmp_path / "backup" / "worker_0").exists()

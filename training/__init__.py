@@ -12,8 +12,8 @@ require_backend("keras_vit.training", ("tensorflow", "jax"), "tf.data input pipe
 
 from .configs import Config, apply_overrides, get_config  # noqa: E402
 from .distribute import get_strategy  # noqa: E402
-from .trainer import (NaNLossError, ResumeConfigError, RunInProgressError, build_model,  # noqa: E402
-                      train_and_evaluate)
+from .resume import ResumeConfigError, RunInProgressError  # noqa: E402
+from .trainer import NaNLossError, build_model, train_and_evaluate  # noqa: E402
 
 __all__ = ["Config", "NaNLossError", "ResumeConfigError", "RunInProgressError", "apply_overrides", "build_model",
            "get_config", "get_strategy", "train_and_evaluate"]

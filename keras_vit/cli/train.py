@@ -80,7 +80,7 @@ def main(argv: list[str]) -> None:
 
     import keras
 
-    from keras_vit.training import configs, distribute, multihost, trainer
+    from keras_vit.training import configs, distribute, multihost, resume, trainer
 
     logging.getLogger().setLevel(logging.INFO)
     config = configs.apply_overrides(configs.get_config(_CONFIG.value), _OVERRIDE.value)
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> None:
         print(json.dumps(dataclasses.asdict(config), indent=2))
         return
     try:
-        trainer.check_workdir(_WORKDIR.value)
+        resume.check_workdir(_WORKDIR.value)
         cluster = multihost.Cluster.from_flags_and_env(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         if _MULTI_PROCESS.value or cluster.given:
             if keras.backend.backend() != "jax":
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> None:
     logging.info("Devices: %s", distribute.device_names())
     try:
         summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
-    except (trainer.NaNLossError, trainer.ResumeConfigError, trainer.RunInProgressError) as error:  # In one line.
+    except (trainer.NaNLossError, resume.ResumeConfigError, resume.RunInProgressError) as error:  # In one line.
         raise SystemExit(f"keras-vit-train: {error}") from None
     except KeyboardInterrupt:
         print(f"keras-vit-train: interrupted. Run the same command (--workdir={_WORKDIR.value}) to resume from its "
