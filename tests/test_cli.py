@@ -27,6 +27,9 @@ ARGUMENTS = {
     "keras-vit-masked-digits": ["--workdir", "x"],
 }
 WRITE_ATOMICALLY = {"keras-vit-export", "keras-vit-tflite", "keras-vit-inspect", "keras-vit-convert"}
+NOTES = {**{command: " No file is left half-written." for command in WRITE_ATOMICALLY},
+         "keras-vit-masked-digits": " The same command goes on where it stopped: runs that completed are not run "
+                                    "again, and the stopped one resumes from its backup."}
 
 
 def _console_scripts() -> dict[str, str]:
@@ -49,8 +52,7 @@ def test_ctrl_c_ends_a_command_in_one_line_with_status_130(command, monkeypatch,
     with pytest.raises(SystemExit) as done:
         main(ARGUMENTS[command])
     assert done.value.code == 130
-    note = " No file is left half-written." if command in WRITE_ATOMICALLY else ""
-    assert capsys.readouterr().err == f"{command}: interrupted.{note}\n"
+    assert capsys.readouterr().err == f"{command}: interrupted.{NOTES.get(command, '')}\n"
 
 
 def test_atomic_write_replaces_only_a_whole_file(tmp_path):

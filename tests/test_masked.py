@@ -5,6 +5,7 @@ References are independent NumPy loops; statistics use tolerances of 5 binomial 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -333,6 +334,36 @@ def test_masked_digits_few_shot_matches_ridge_reference():
     for k in (1, 5):
         expected = [ridge_few_shot_accuracy(train_features, train_y, test_features, test_y, k, seed) for seed in (0, 1)]
         np.testing.assert_allclose(results[k], (np.mean(expected), np.std(expected)), atol=1e-12)
+
+
+@pytest.mark.slow
+def test_masked_digits_rerun_after_a_stop_does_not_train_completed_runs_again(tmp_path, monkeypatch):
+    """keras-vit-masked-digits stopped in its fine-tuning: the same call again trains only the runs not completed."""
+    from keras_vit.training import masked_digits, trainer
+
+    train_and_evaluate, trained, stop_at = trainer.train_and_evaluate, [], [2]
+
+    def stopping(config, workdir, **options):  # Ctrl-C as the run numbered `stop_at` starts.
+        if len(trained) == stop_at[0]:
+            raise KeyboardInterrupt
+        trained.append(os.path.basename(workdir))
+        return train_and_evaluate(config, workdir, **options)
+
+    monkeypatch.setattr(trainer, "train_and_evaluate", stopping)
+    tiny = dict(pretrain_epochs=1, shots=(1,), seeds=1, finetune_epochs=1, finetune_seeds=1)
+    with pytest.raises(KeyboardInterrupt):
+        masked_digits.measure(str(tmp_path), **tiny)
+    assert trained == ["pretrain", "ft_scratch_0"] and not os.path.exists(tmp_path / "summary.json")
+    stop_at[0] = -1
+    result = masked_digits.measure(str(tmp_path), **tiny)
+    assert trained == ["pretrain", "ft_scratch_0", "ft_pretrained_0"]  # Only the run that had not completed.
+    completed = json.loads((tmp_path / "pretrain" / masked_digits.STAGE_FILE).read_text())
+    assert result["pretrain"]["masked_loss"] == completed["summary"]["loss"]
+    assert json.loads((tmp_path / "summary.json").read_text()) == json.loads(json.dumps(result))
+    # Another config trains again, and so does the fine-tuning from the encoder it changed; scratch is reused.
+    masked_digits.measure(str(tmp_path), **{**tiny, "pretrain_epochs": 2})
+    assert trained[3:] == ["pretrain", "ft_pretrained_0"]
+    assert json.loads((tmp_path / "pretrain" / masked_digits.STAGE_FILE).read_text())["inputs"]["epochs"] == 2
 
 
 @pytest.mark.parametrize("options, prefix", [

@@ -10,12 +10,17 @@
 
     keras-vit-masked-digits --workdir=/tmp/masked_digits     (python -m training.masked_digits in a clone)
 
-Prints a JSON summary and writes it to `workdir/summary.json` (`measure`).
+Prints a JSON summary and writes it to `workdir/summary.json` (`measure`). Rerun with the same arguments after a
+stop (Ctrl-C, a crash), it goes on where it stopped: each training run that completed is not run again (its
+`stage.json`), and the one that was stopped resumes from its backup.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
+import logging
 import os
 import time
 from typing import Sequence
@@ -24,9 +29,13 @@ import keras
 import numpy as np
 
 from keras_vit import datasets, fewshot
+from keras_vit.atomic import atomic_write
 
 from . import configs, trainer
 from . import masked as masked_training
+from .configs import Config
+
+STAGE_FILE = "stage.json"  # In each run's workdir: its config, summary and time, written once the run completed.
 
 PRETRAIN = ["dataset=digits", "train_split=train", "eval_split=test", "total_steps=0", "steps_per_epoch=0",
             "batch_size=64", "lr=1e-3", "warmup_steps=100", "inception_crop=true", "crop_min_area=0.6",
@@ -40,13 +49,41 @@ def _architecture(pooling_classifier: str) -> list[str]:
             f"image_size={digits.image_size}", f"classifier={pooling_classifier}"]
 
 
+def _inputs(config: Config) -> dict:
+    """What a run's results depend on: its config and, where it starts from a weights file, that file's digest (a
+    fine-tuning run of an encoder that was trained again is not the same run)."""
+    inputs = json.loads(json.dumps(dataclasses.asdict(config)))
+    if config.weights and os.path.isfile(config.weights):
+        with open(config.weights, "rb") as f:
+            inputs["weights_sha256"] = hashlib.sha256(f.read()).hexdigest()  # The digits encoder: under 1 MB.
+    return inputs
+
+
+def train_once(config: Config, workdir: str, verbose: str | int) -> tuple[dict, float]:
+    """`trainer.train_and_evaluate` in `workdir`, unless a run of this same `config` (and weights file) completed
+    there: then that run's (summary, seconds), from its `stage.json`. A stopped run resumes from its backup."""
+    path = os.path.join(workdir, STAGE_FILE)
+    current = _inputs(config)
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            completed = json.load(f)
+        if completed["inputs"] == current:
+            logging.info("%s: completed earlier with this config; its results are used.", workdir)
+            return completed["summary"], completed["seconds"]
+        os.remove(path)  # Another config: its files are about to be replaced.
+    start = time.time()
+    summary = trainer.train_and_evaluate(config, workdir, verbose=verbose)
+    seconds = time.time() - start
+    with atomic_write(path) as partial, open(partial, "w", encoding="utf-8") as f:
+        json.dump({"inputs": current, "summary": summary, "seconds": seconds}, f, indent=2)
+    return summary, seconds
+
+
 def pretrain(workdir: str, epochs: int, classifier: str, seed: int) -> tuple[dict, float]:
     """Runs the masked_patches recipe on the digits images; returns (summary, seconds)."""
     config = configs.apply_overrides(configs.get_config("masked_patches"),
                                      [*_architecture(classifier), *PRETRAIN, f"epochs={epochs}", f"seed={seed}"])
-    start = time.time()
-    summary = trainer.train_and_evaluate(config, workdir, verbose=2)
-    return summary, time.time() - start
+    return train_once(config, workdir, verbose=2)
 
 
 def finetune(workdir: str, weights: str, percent: int, epochs: int, classifier: str, seed: int) -> tuple[float, float]:
@@ -55,9 +92,8 @@ def finetune(workdir: str, weights: str, percent: int, epochs: int, classifier: 
     config = configs.apply_overrides(configs.get_config("digits"), [
         *_architecture(classifier), *recipe, f"train_split=train[:{percent}%]", f"epochs={epochs}",
         "steps_per_epoch=4", "validate=false", f"seed={seed}"])
-    start = time.time()
-    summary = trainer.train_and_evaluate(config, workdir, verbose=0)
-    return summary["top1"], time.time() - start
+    summary, seconds = train_once(config, workdir, verbose=0)
+    return summary["top1"], seconds
 
 
 def few_shot(encoder: keras.Model, shots: Sequence[int], seeds: int) -> dict[int, tuple[float, float]]:
@@ -92,7 +128,7 @@ def measure(workdir: str, pretrain_epochs: int = 30, classifier: str = "gap", sh
                          classifier, seed) for seed in range(finetune_seeds)]
         result[f"finetune_{name}"] = {"top1": _mean_std([top1 for top1, _ in runs]),
                                       "seconds": round(float(np.mean([s for _, s in runs])))}
-    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
+    with atomic_write(os.path.join(workdir, "summary.json")) as partial, open(partial, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
     return result
 
