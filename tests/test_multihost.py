@@ -23,15 +23,9 @@ import pytest
 from keras_vit import datasets
 from keras_vit.training import configs, data, distribute, multihost
 from tests.test_training_jax import FIXED_BATCH, REPO, TINY, _report
-from tests.testing import subprocess_env, xla_flags
+from tests.testing import free_ports, subprocess_env, xla_flags
 
 DEVICES_PER_PROCESS = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        return probe.getsockname()[1]
 
 
 def _cluster_flags(port: int, *extra: str) -> list[str]:
@@ -137,14 +131,14 @@ def _rendezvous_all(clusters: list[multihost.Cluster], timeout_s: float) -> list
 
 
 def test_rendezvous_of_three_processes_joins_and_frees_the_port():
-    port = _free_port()
+    port = free_ports(1)[0]
     assert _rendezvous_all([multihost.Cluster(f"localhost:{port}", 3, i) for i in (0, 2, 1)], 20) == [None] * 3
     with socket.create_server(("", port)):  # JAX's coordinator binds it next.
         pass
 
 
 def test_rendezvous_names_a_process_count_that_differs_on_both_sides():
-    port = _free_port()
+    port = free_ports(1)[0]
     outcomes = _rendezvous_all([multihost.Cluster(f"localhost:{port}", 2, 0),
                                 multihost.Cluster(f"localhost:{port}", 3, 1)], 20)
     expected = "Process 1 was started with 3 processes, process 0 with 2. Expected the same process count"
@@ -152,18 +146,18 @@ def test_rendezvous_names_a_process_count_that_differs_on_both_sides():
 
 
 def test_rendezvous_names_an_id_given_twice():
-    port = _free_port()
+    port = free_ports(1)[0]
     outcomes = _rendezvous_all([multihost.Cluster(f"localhost:{port}", 3, i) for i in (0, 1, 1)], 20)
     assert outcomes[0].startswith("Two processes have process id 1. Expected a distinct id from 0 to 2"), outcomes
     assert outcomes.count(outcomes[0]) >= 2  # The second process 1 is told; the first may be told or time out.
 
 
 def test_rendezvous_times_out_with_what_is_missing():
-    port = _free_port()
+    port = free_ports(1)[0]
     start = time.monotonic()
     assert _rendezvous_all([multihost.Cluster(f"localhost:{port}", 3, 0), multihost.Cluster(f"localhost:{port}", 3, 2)],
                            1.5)[0].startswith("Process(es) [1] of 3 did not join within 2 s")
-    alone = _rendezvous_all([multihost.Cluster(f"localhost:{_free_port()}", 2, 1)], 1.0)[0]
+    alone = _rendezvous_all([multihost.Cluster(f"localhost:{free_ports(1)[0]}", 2, 1)], 1.0)[0]
     assert alone.startswith("Process 0 at localhost:") and "did not answer within 1 s" in alone
     assert time.monotonic() - start < 10
 
@@ -229,7 +223,7 @@ def _weights(path) -> list[np.ndarray]:
 
 @pytest.mark.slow  # three JAX processes (about 30 s)
 def test_2_processes_x_2_devices_equal_1_process_x_4_devices_on_a_fixed_batch(tmp_path):
-    port = _free_port()
+    port = free_ports(1)[0]
     script = [sys.executable, "-c", EQUIVALENCE_SCRIPT]
     _ok(_run_processes([[*script, str(tmp_path / "one"), *FIXED_BATCH]], [_env(None, port, devices=4)], 240)[0])
     for result in _run_processes([[*script, str(tmp_path / "two"), *FIXED_BATCH]] * 2, [_env(0, port), _env(1, port)],
@@ -263,7 +257,7 @@ def _numpy_top1(model_path: str, overrides: list[str]) -> int:
 
 @pytest.mark.slow  # JAX processes that fail at the batch check or before joining (about 15 s)
 def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
-    port = _free_port()
+    port = free_ports(1)[0]
     # These two join, then stop at the batch check: 60 s to join, as a loaded machine can start one 3 s late.
     flags = _cluster_flags(port, "--join_timeout=60", *[f"--override={o}" for o in TINY], "--override=batch_size=6")
     for result in _run_processes([_cli(tmp_path, *flags, f"--process_id={i}") for i in (0, 1)],
@@ -272,7 +266,7 @@ def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
         assert result.stderr.strip().splitlines()[-1] == (
             "keras-vit-train: Global batch size 6 is not divisible by the 4 replicas of DataParallel over 2 processes. "
             "Expected a positive multiple of 4."), result.stderr[-3000:]
-    port = _free_port()
+    port = free_ports(1)[0]
     flags = _cluster_flags(port, "--model_parallel=2", "--join_timeout=3", *[f"--override={o}" for o in TINY])
     split = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, port),
                            capture_output=True, text=True, timeout=120)  # Refused before joining: no process 0.
@@ -280,7 +274,7 @@ def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
         "keras-vit-train: model_parallel=2 with 2 processes: keras_vit saves a split model from one process "
         "only. Expected model_parallel=1 (DataParallel) in a multi-process run."), split.stderr[-3000:]
     flags = _cluster_flags(port, "--join_timeout=3")
-    alone = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, _free_port()),
+    alone = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, free_ports(1)[0]),
                            capture_output=True, text=True, timeout=120)
     assert alone.returncode == 1 and "Traceback" not in alone.stderr, alone.stderr[-3000:]
     assert alone.stderr.strip().splitlines()[-1].startswith(f"keras-vit-train: Process 0 at localhost:{port} did not "
@@ -298,7 +292,7 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
     its last one), and process 0 alone saves."""
     overrides = [*TINY, "train_split=train[:29%]", "batch_size=32", "steps_per_epoch=0", "epochs=3",
                  "shuffle_buffer=0", "inception_crop=false", "warmup_steps=5", "validate=true"]
-    killed, port = tmp_path / "killed", _free_port()
+    killed, port = tmp_path / "killed", free_ports(1)[0]
     envs = [_env(0, port), _env(1, port)]
     procs = [subprocess.Popen([*KILLABLE_RUN, str(killed), kill_at, "auto", *overrides], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -313,10 +307,10 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
     for worker in (0, 1):
         assert json.loads((killed / "backup" / f"worker_{worker}" / "training_metadata.json").read_text()) == {
             "epoch": 1, "batch": 0}
-    port = _free_port()
+    port = free_ports(1)[0]
     resumed = [_report(_ok(r).stdout) for r in _run_processes(
         [[*KILLABLE_RUN, str(killed), "-1", "auto", *overrides]] * 2, [_env(0, port), _env(1, port)], 240)]
-    port, straight_dir = _free_port(), tmp_path / "straight"
+    port, straight_dir = free_ports(1)[0], tmp_path / "straight"
     flags = _cluster_flags(port, *[f"--override={o}" for o in overrides])
     first, second = map(_ok, _run_processes([_cli(straight_dir, *flags, f"--process_id={i}") for i in (0, 1)],
                                             [_env(None, port)] * 2, 240))
@@ -347,7 +341,7 @@ def test_masked_pretraining_then_bfloat16_finetuning_with_accumulation_on_2_proc
     common = [*TINY, "epochs=1", "steps_per_epoch=4", "total_steps=0", "dataset=digits", "train_split=train",
               "eval_split=test"]
     masked_flags = [f"--override={o}" for o in common]
-    port = _free_port()
+    port = free_ports(1)[0]
     flags = _cluster_flags(port)
     runs = _run_processes([_cli(tmp_path / "masked", "--config=masked_patches", *flags, *masked_flags,
                                 f"--process_id={i}") for i in (0, 1)], [_env(None, port)] * 2, 240)
@@ -355,7 +349,7 @@ def test_masked_pretraining_then_bfloat16_finetuning_with_accumulation_on_2_proc
     encoder = tmp_path / "masked" / "encoder.weights.h5"
     finetune_flags = [*masked_flags, f"--override=weights={encoder}", "--override=precision=bfloat16",
                       "--override=grad_accum_steps=2"]
-    port = _free_port()
+    port = free_ports(1)[0]
     flags = _cluster_flags(port)
     runs = _run_processes([_cli(tmp_path / "finetune", "--config=finetune", *flags, *finetune_flags,
                                 f"--process_id={i}") for i in (0, 1)], [_env(None, port)] * 2, 240)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,22 +17,12 @@ import keras
 import numpy as np
 import pytest
 
-from tests.testing import REPO, TRAIN_TINY, subprocess_env
+from tests.testing import REPO, TRAIN_TINY, free_ports, subprocess_env
 
 
 def _cli(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "keras_vit.cli.train", "--config=digits", f"--workdir={workdir}", "--verbose=0",
             *extra, *[f"--override={item}" for item in [*TRAIN_TINY, *overrides]]]
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def _weights(path: str) -> list[np.ndarray]:
@@ -133,7 +122,7 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path):
     BackupAndRestore both workers fail at the first step on mismatched collectives). Backups that agree are
     the simpler case of the same restore (one run of this test: the suite's time). The restart is the command line's
     `--strategy=multiworker` run, which validates every epoch and ends with both workers' models identical."""
-    ports = _free_ports(2)
+    ports = free_ports(2)
     run = ["epochs=3", "steps_per_epoch=4", "backup_every_steps=2", "validate=true"]
     first = _start_workers(ports, [[*KILLABLE_WORKER, str(tmp_path), kill_at, "multiworker", *TRAIN_TINY, *run]
                                    for kill_at in ("-1", "7")])

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import socket
 
 import keras
 import numpy as np
@@ -54,6 +55,18 @@ def python_path(*first: str) -> str:
     packages come by `PYTHONPATH`, not site-packages, keeps them)."""
     own = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry not in first]
     return os.pathsep.join([*first, *own])
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports of localhost that were free a moment ago (all bound at once, then released)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for probe in sockets:
+            probe.bind(("localhost", 0))
+        return [probe.getsockname()[1] for probe in sockets]
+    finally:
+        for probe in sockets:
+            probe.close()
 
 
 def subprocess_env(**variables: str) -> dict[str, str]:
