@@ -1,6 +1,6 @@
-"""The command lines when stopped: Ctrl-C ends each in one line and exit status 130, and the files they write are
-whole or absent (`keras_vit.atomic.atomic_write`). `keras-vit-train`'s own Ctrl-C line and resume:
-tests/test_training_runs.py."""
+"""The command lines when stopped: Ctrl-C ends each in one line and exit status 130, bad input in one line and exit
+status 1, and the files they write are whole or absent (`keras_vit.atomic.atomic_write`). `keras-vit-train`'s own
+lines and resume: tests/test_training_runs.py."""
 
 import importlib
 import os
@@ -53,6 +53,39 @@ def test_ctrl_c_ends_a_command_in_one_line_with_status_130(command, monkeypatch,
         main(ARGUMENTS[command])
     assert done.value.code == 130
     assert capsys.readouterr().err == f"{command}: interrupted.{NOTES.get(command, '')}\n"
+
+
+@pytest.mark.parametrize("error", [ValueError("Unknown thing 'x'. Expected one of ['y']."),
+                                   FileNotFoundError(2, "No such file or directory", "a.png")])
+@pytest.mark.parametrize("command", sorted(ARGUMENTS))
+def test_bad_input_ends_a_command_in_one_line_with_status_1(command, error, monkeypatch, capsys):
+    def fails(*args):
+        raise error
+
+    monkeypatch.setattr(cli, "require", fails)
+    main = importlib.import_module(_console_scripts()[command]).main
+    with pytest.raises(SystemExit) as done:
+        main(ARGUMENTS[command])
+    assert done.value.code == 1
+    assert capsys.readouterr().err == f"{command}: error: {error}\n"
+    monkeypatch.setenv(cli.TRACEBACK_VARIABLE, "1")  # The traceback instead, for a bug report.
+    with pytest.raises(type(error)):
+        main(ARGUMENTS[command])
+
+
+@pytest.mark.parametrize("command, arguments, message", [
+    ("keras-vit-export", ["--variant", "X/99", "--out", "{tmp}/x"], "Unknown variant 'X/99'. Expected one of ["),
+    ("keras-vit-fewshot", ["--model", "{tmp}/missing.keras"],
+     "Expected an existing `.keras` model file. Received: '{tmp}/missing.keras'"),
+    ("keras-vit-convert", ["{tmp}/missing.npz", "{tmp}/out.weights.h5"], "weights='{tmp}/missing.npz': no such file"),
+])
+def test_commands_given_bad_input_say_what_is_wrong_in_one_line(command, arguments, message, tmp_path, capsys):
+    main = importlib.import_module(_console_scripts()[command]).main
+    with pytest.raises(SystemExit) as done:
+        main([argument.format(tmp=tmp_path) for argument in arguments])
+    error = capsys.readouterr().err
+    assert done.value.code == 1 and error.startswith(f"{command}: error: {message.format(tmp=tmp_path)}"), error
+    assert error.count("\n") == 1 and os.listdir(tmp_path) == [], error
 
 
 def test_atomic_write_replaces_only_a_whole_file(tmp_path):

@@ -249,3 +249,18 @@ def test_cli_print_config_applies_overrides(tmp_path):
     assert result.returncode == 0, result.stderr
     config = json.loads(result.stdout)
     assert (config["recipe"], config["optimizer"], config["lr"]) == ("finetune", "sgd", 0.01)
+
+
+@pytest.mark.slow
+def test_cli_bad_input_ends_in_one_line(tmp_path):
+    """An unknown override and a dataset that is not prepared: exit status 1 and the message, no traceback."""
+    command = [sys.executable, "-m", "keras_vit.cli.train", "--config=finetune", f"--workdir={tmp_path / 'run'}"]
+    for overrides, message in [
+            (["--override=lr=0.01", "--override=learning_rate=0.01"],
+             "keras-vit-train: Unknown config field 'learning_rate' in override 'learning_rate=0.01'. Expected one "),
+            ([f"--override=data_dir={tmp_path}"],
+             f"keras-vit-train: TFDS dataset 'imagenet2012' is not prepared in '{tmp_path}/imagenet2012/")]:
+        result = subprocess.run([*command, *overrides], env=subprocess_env(), capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr[-3000:]

@@ -14,8 +14,10 @@
 Each command's `--help` works on the base install (`pip install keras_vit`, no backend): the parsers import
 nothing heavy. `main` first calls `require(command, extra)`, which ends the run with one line naming the extra
 to install when a distribution of that extra (as the installed package declares it) or a Keras backend is
-missing, instead of an ImportError traceback. Ctrl-C ends a command with one line and exit status 130
-(`exits_on_interrupt`; `keras-vit-train` says how to resume), not a traceback.
+missing, instead of an ImportError traceback. Bad input (a ValueError or OSError: an unknown variant, a missing
+file) ends a command with `<command>: error: <message>` and exit status 1, and Ctrl-C with one line and exit status
+130 (`one_line_exits`; `keras-vit-train` has its own lines, and says how to resume), not a traceback.
+`KERAS_VIT_TRACEBACK=1` shows the traceback of such an error instead.
 
 TensorFlow, which the `training` and `export` extras run on, is checked by import, not by distribution name:
 those extras do not declare it (the `tensorflow` extra does), so that they install beside the TensorFlow an
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import re
 import sys
 from typing import Callable, Sequence
@@ -99,17 +102,34 @@ def require(command: str, extra: str | None) -> None:
                          "(or JAX or PyTorch, with KERAS_BACKEND set)") from None
 
 
-def exits_on_interrupt(command: str, note: str = "") -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """Decorates a command's `main`: Ctrl-C (KeyboardInterrupt) ends it with one line, `"<command>: interrupted."`
-    and `note`, and exit status 130, as a shell reports SIGINT."""
+# The errors of bad input (a value out of range, an unknown name, a file that is missing or does not fit), whose
+# messages say what was wrong and what was expected: one line is more use than a traceback.
+INPUT_ERRORS = (ValueError, OSError)
+# Set (to anything but "" or "0") for the traceback of an input error instead of its one line.
+TRACEBACK_VARIABLE = "KERAS_VIT_TRACEBACK"
+
+
+def wants_traceback() -> bool:
+    return os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
+
+
+def one_line_exits(command: str, interrupt_note: str = "") -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Decorates a command's `main`: an input error (`INPUT_ERRORS`) ends it with `"<command>: error: <message>"`
+    and exit status 1; Ctrl-C (KeyboardInterrupt) with `"<command>: interrupted."` and `interrupt_note`, and exit
+    status 130, as a shell reports SIGINT."""
     def decorate(main: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(main)
         def run(argv: Sequence[str] | None = None) -> int:
             try:
                 return main(argv)
             except KeyboardInterrupt:
-                print(" ".join(filter(None, [f"{command}: interrupted.", note])), file=sys.stderr)
+                print(" ".join(filter(None, [f"{command}: interrupted.", interrupt_note])), file=sys.stderr)
                 raise SystemExit(130) from None
+            except INPUT_ERRORS as error:
+                if wants_traceback():
+                    raise
+                print(f"{command}: error: {error}", file=sys.stderr)
+                raise SystemExit(1) from None
         return run
     return decorate
 

@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-@cli.exits_on_interrupt("keras-vit-convert", cli.NOTHING_HALF_WRITTEN)
+@cli.one_line_exits("keras-vit-convert", cli.NOTHING_HALF_WRITTEN)
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -57,13 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"output must end in .weights.h5 or .keras. Received: {args.output!r}")
     if args.num_heads and not args.checkpoint.endswith(".safetensors"):
         parser.error("--num-heads is for .safetensors files; an .npz checkpoint stores its heads.")
-    try:
-        model, difference = convert.convert_checkpoint(
-            args.checkpoint, args.output, variant=args.variant, num_heads=args.num_heads, image_size=image_size,
-            layer_norm_epsilon=args.layer_norm_epsilon, gelu_approximate=args.gelu_approximate,
-            activation=args.activation)
-    except ValueError as error:  # a file that does not fit, or contradicting options: the message, no traceback
-        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    model, difference = convert.convert_checkpoint(  # A file that does not fit, or contradicting options: one line.
+        args.checkpoint, args.output, variant=args.variant, num_heads=args.num_heads, image_size=image_size,
+        layer_norm_epsilon=args.layer_norm_epsilon, gelu_approximate=args.gelu_approximate, activation=args.activation)
     height, width = model.inputs[0].shape[1:3]
     print(f"Wrote {args.output} ({model.count_params():,} parameters, input {height}x{width}, "
           f"output {model.outputs[0].shape[-1]}).")

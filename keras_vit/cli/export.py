@@ -74,7 +74,7 @@ def _names(value: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
-@cli.exits_on_interrupt("keras-vit-export", cli.NOTHING_HALF_WRITTEN)
+@cli.one_line_exits("keras-vit-export", cli.NOTHING_HALF_WRITTEN)
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)

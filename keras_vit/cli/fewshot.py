@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-@cli.exits_on_interrupt("keras-vit-fewshot")
+@cli.one_line_exits("keras-vit-fewshot")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)

@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-@cli.exits_on_interrupt("keras-vit-inspect", cli.NOTHING_HALF_WRITTEN)
+@cli.one_line_exits("keras-vit-inspect", cli.NOTHING_HALF_WRITTEN)
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)

@@ -28,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-@cli.exits_on_interrupt("keras-vit-masked-digits", "The same command goes on where it stopped: runs that completed are "
-                         "not run again, and the stopped one resumes from its backup.")
+@cli.one_line_exits("keras-vit-masked-digits", "The same command goes on where it stopped: runs that completed are "
+                    "not run again, and the stopped one resumes from its backup.")
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     cli.require("keras-vit-masked-digits", "training")

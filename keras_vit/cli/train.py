@@ -83,7 +83,10 @@ def main(argv: list[str]) -> None:
     from keras_vit.training import configs, distribute, multihost, resume, trainer
 
     logging.getLogger().setLevel(logging.INFO)
-    config = configs.apply_overrides(configs.get_config(_CONFIG.value), _OVERRIDE.value)
+    try:
+        config = configs.apply_overrides(configs.get_config(_CONFIG.value), _OVERRIDE.value)
+    except ValueError as error:  # An unknown field or a value of the wrong type.
+        raise SystemExit(f"keras-vit-train: {error}") from None
     if _PRINT_CONFIG.value:
         print(json.dumps(dataclasses.asdict(config), indent=2))
         return
@@ -105,6 +108,10 @@ def main(argv: list[str]) -> None:
     try:
         summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
     except (trainer.NaNLossError, resume.ResumeConfigError, resume.RunInProgressError) as error:  # In one line.
+        raise SystemExit(f"keras-vit-train: {error}") from None
+    except cli.INPUT_ERRORS as error:  # Data that cannot be read (not prepared, unknown), a file that is missing.
+        if cli.wants_traceback():
+            raise
         raise SystemExit(f"keras-vit-train: {error}") from None
     except KeyboardInterrupt:
         print(f"keras-vit-train: interrupted. Run the same command (--workdir={_WORKDIR.value}) to resume from its "
