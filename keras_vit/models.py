@@ -332,6 +332,10 @@ def _image_input(input_tensor, input_shape, stride: int, pretrained: bool):
     if input_tensor is not None:
         image = input_tensor if keras.backend.is_keras_tensor(input_tensor) else keras.Input(tensor=input_tensor)
         shape = tuple(image.shape[1:])
+        if input_shape is not None and (len(input_shape) != len(shape) or any(
+                given is not None and size is not None and given != size for given, size in zip(input_shape, shape))):
+            raise ValueError(f"`input_shape` {tuple(input_shape)} differs from the shape of `input_tensor`, {shape}. "
+                             "Expected one of them, or the same shape.")
     else:
         shape = tuple(input_shape) if input_shape is not None else (224, 224, 3)
         image = None

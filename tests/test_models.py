@@ -120,6 +120,11 @@ def test_input_tensor():
     model = keras_vit.VisionTransformer(**TINY_VIT, input_tensor=tensor, classes=3)
     assert model.input_shape == (None, 16, 24, 3)
     assert model.output_shape == (None, 3)
+    same = keras_vit.VisionTransformer(**TINY_VIT, input_tensor=tensor, input_shape=(16, None, 3), classes=3)
+    assert same.input_shape == (None, 16, 24, 3)  # A None in input_shape agrees with any size.
+    with pytest.raises(ValueError, match=r"`input_shape` \(32, 32, 3\) differs from the shape of `input_tensor`, "
+                                         r"\(16, 24, 3\)\. Expected one of them, or the same shape\."):
+        keras_vit.VisionTransformer(**TINY_VIT, input_tensor=tensor, input_shape=(32, 32, 3), classes=3)
 
 
 def test_drop_path_rate_rises_linearly():
