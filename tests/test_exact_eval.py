@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from keras_vit.training import data, supervised
-from tests.test_multihost import _env, _free_port, _run_processes
-from tests.testing import REPO, subprocess_env, xla_flags
+from tests.test_multihost import _env, _run_processes
+from tests.testing import REPO, free_ports, subprocess_env, xla_flags
 
 
 def _examples(count: int) -> tf.data.Dataset:
@@ -130,7 +130,6 @@ def digits_folder(tmp_path_factory):
 
 @pytest.mark.slow
 def test_top1_of_449_images_is_the_same_on_1_2_8_devices_on_jax_and_tensorflow(digits_folder, tmp_path):
-    import keras
     from keras_vit.training import configs, trainer
     from tests.testing import TRAIN_VIT_OVERRIDES
     overrides = [*TRAIN_VIT_OVERRIDES, "image_size=16"]
@@ -158,7 +157,7 @@ def test_top1_of_449_images_is_the_same_on_1_2_8_devices_on_jax_and_tensorflow(d
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         table[backend] = json.loads(done.stdout.split("REPORT:", 1)[1])
-    port = _free_port()
+    port = free_ports(1)[0]
     script = [sys.executable, "-c", EVAL_SCRIPT, "jax", str(digits_folder), str(tmp_path / "model.weights.h5"),
               *overrides]
     runs = _run_processes([script, script], [_env(i, port, devices=4) for i in (0, 1)], 900)

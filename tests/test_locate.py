@@ -2,7 +2,6 @@
 in the layout `huggingface_hub` writes; nothing is downloaded)."""
 
 import json
-import os
 
 import numpy as np
 import pytest

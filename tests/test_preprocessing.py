@@ -16,7 +16,6 @@ from PIL import Image
 import keras
 import keras_vit
 from keras_vit import image_io
-from keras_vit.checkpoints import preprocessing
 from keras_vit.checkpoints.reader import read_checkpoint
 from tests.testing import hf_state_dict, save_safetensors, timm_state_dict
 
@@ -188,7 +187,6 @@ def pil_transform(image, size, short_side=None, square=None, crop=None, resample
     crop with offsets (resized - crop) // 2."""
     height, width = image.shape[:2]
     if short_side:
-        scale = short_side / min(height, width)
         new = (short_side, int(short_side * width / height)) if height <= width else \
             (int(short_side * height / width), short_side)
     else:
