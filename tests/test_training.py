@@ -11,6 +11,7 @@ import dataclasses
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -48,10 +49,30 @@ def test_overrides_parse_types_and_reject_unknown_fields():
     assert (config.lr, config.validate, config.weights, config.optimizer) == (0.01, False, "/x.npz", "sgd")
     with pytest.raises(ValueError, match="Unknown config field 'learning_rate'"):
         configs.apply_overrides(config, ["learning_rate=1"])
-    with pytest.raises(ValueError, match="expected a int"):
+    with pytest.raises(ValueError, match="Override batch_size='big': expected an int."):
         configs.apply_overrides(config, ["batch_size=big"])
+    with pytest.raises(ValueError, match="Override lr='fast': expected a float."):
+        configs.apply_overrides(config, ["lr=fast"])
     with pytest.raises(ValueError, match="Unknown config 'imagenet'"):
         configs.get_config("imagenet")
+
+
+def test_configs_out_of_range_are_refused_naming_each_value():
+    numeric = {field.name for field in dataclasses.fields(configs.Config) if field.type in ("int", "float")}
+    assert set(configs.RANGES) == numeric  # Every number has its range.
+    digits = configs.get_config("digits")
+    with pytest.raises(ValueError, match=re.escape(
+            "Config values out of range: grad_accum_steps=0 (expected >= 1); lr=-0.1 (expected >= 0); "
+            "dropout_rate=1.5 (expected 0 to 1).")):
+        configs.apply_overrides(digits, ["dropout_rate=1.5", "lr=-0.1", "grad_accum_steps=0"])
+    with pytest.raises(ValueError, match=re.escape("mask_rate + random_rate = 1.05 (expected at most 1")):
+        dataclasses.replace(configs.get_config("masked_patches"), mask_rate=0.95)
+    with pytest.raises(ValueError, match=re.escape("target_bits=9 (expected 1 to 8)")):
+        configs.Config(target_bits=9)
+    edges = configs.apply_overrides(digits, ["dropout_rate=1", "lr=0", "batch_size=1", "target_bits=8", "epochs=0"])
+    assert (edges.dropout_rate, edges.lr, edges.batch_size, edges.target_bits, edges.epochs) == (1, 0, 1, 8, 0)
+    for name in configs.RECIPES:  # The paper's recipes are in range.
+        configs.get_config(name)
 
 
 def test_paper_defaults():

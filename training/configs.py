@@ -79,6 +79,33 @@ class Config:
     random_rate: float = 0.1  # this share another patch's embedding, the rest unchanged.
     target_bits: int = 3  # Bits per colour channel of the classification targets.
 
+    def __post_init__(self):
+        """Refuses values out of range (`RANGES`), naming each, when a config is made or changed."""
+        wrong = [f"{name}={getattr(self, name)!r} (expected {_describe(low, high)})"
+                 for name, (low, high) in RANGES.items()
+                 if getattr(self, name) < low or (high is not None and getattr(self, name) > high)]
+        if self.mask_rate + self.random_rate > 1:
+            wrong.append(f"mask_rate + random_rate = {self.mask_rate + self.random_rate:g} (expected at most 1: the "
+                         "shares of the corrupted patches that are masked or replaced)")
+        if wrong:
+            raise ValueError(f"Config values out of range: {'; '.join(wrong)}.")
+
+
+# The range of each numeric field of `Config`: (lowest, highest) allowed, None for no upper bound.
+RANGES: dict[str, tuple[float, float | None]] = {
+    **dict.fromkeys(["patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers", "image_size",
+                     "max_image_pixels", "shuffle_buffer", "grad_accum_steps", "batch_size"], (1, None)),
+    **dict.fromkeys(["representation_size", "warmup_steps", "epochs", "steps_per_epoch", "total_steps",
+                     "backup_every_steps", "seed", "lr", "weight_decay", "global_clipnorm", "mixup_alpha"], (0, None)),
+    **dict.fromkeys(["dropout_rate", "attention_dropout_rate", "drop_path_rate", "crop_min_area", "b1", "b2",
+                     "momentum", "label_smoothing", "corruption_rate", "mask_rate", "random_rate"], (0, 1)),
+    "target_bits": (1, 8),
+}
+
+
+def _describe(low: float, high: float | None) -> str:
+    return f">= {low}" if high is None else f"{low} to {high}"
+
 
 def _pretrain() -> Config:
     """ViT-B/16 on ImageNet from scratch (Table 3): Adam, lr 3e-3 cosine, wd 0.3, dropout 0.1, clip 1."""
@@ -134,7 +161,8 @@ def _parse(field: dataclasses.Field, text: str) -> Any:
     try:
         return kind(text)
     except ValueError:
-        raise ValueError(f"Override {field.name}={text!r}: expected a {kind.__name__}.") from None
+        article = "an" if kind.__name__[0] in "aeiou" else "a"
+        raise ValueError(f"Override {field.name}={text!r}: expected {article} {kind.__name__}.") from None
 
 
 def apply_overrides(config: Config, overrides: Iterable[str]) -> Config:
