@@ -295,7 +295,7 @@ def test_crash_mid_export_leaves_no_version_and_keeps_the_old_one(tmp_path, monk
 
 
 @pytest.mark.slow
-def test_cli_versions_never_overwrite_unless_asked(tmp_path):
+def test_cli_versions_never_overwrite_unless_asked(tmp_path, capsys):
     model_file = tmp_path / "tiny.keras"
     tiny_model("plain").save(model_file)
     base = tmp_path / "serving"
@@ -303,8 +303,10 @@ def test_cli_versions_never_overwrite_unless_asked(tmp_path):
     assert sorted(p.name for p in base.iterdir()) == ["1"]
     marker = base / "1" / "marker"
     marker.write_text("old")
-    with pytest.raises(FileExistsError, match="already exists"):
+    with pytest.raises(SystemExit) as refused:
         export_cli.main(["--model", str(model_file), "--out", str(base), "--version", "1"])
+    error = capsys.readouterr().err
+    assert refused.value.code == 1 and error.startswith("keras-vit-export: error: ") and "already exists" in error, error
     assert marker.exists()
     export_cli.main(["--model", str(model_file), "--out", str(base), "--version", "1", "--overwrite"])
     assert sorted(p.name for p in base.iterdir()) == ["1"] and not marker.exists()

@@ -69,8 +69,10 @@ def test_configs_out_of_range_are_refused_naming_each_value():
         dataclasses.replace(configs.get_config("masked_patches"), mask_rate=0.95)
     with pytest.raises(ValueError, match=re.escape("target_bits=9 (expected 1 to 8)")):
         configs.Config(target_bits=9)
-    edges = configs.apply_overrides(digits, ["dropout_rate=1", "lr=0", "batch_size=1", "target_bits=8", "epochs=0"])
-    assert (edges.dropout_rate, edges.lr, edges.batch_size, edges.target_bits, edges.epochs) == (1, 0, 1, 8, 0)
+    edges = configs.apply_overrides(digits, ["dropout_rate=1", "lr=0", "batch_size=1", "target_bits=8", "epochs=0",
+                                             "shuffle_buffer=0"])
+    assert (edges.dropout_rate, edges.lr, edges.batch_size, edges.target_bits, edges.epochs, edges.shuffle_buffer) \
+        == (1, 0, 1, 8, 0, 0)
     for name in configs.RECIPES:  # The paper's recipes are in range.
         configs.get_config(name)
 

@@ -45,7 +45,7 @@ class Config:
     train_split: str = "train[:99%]"
     eval_split: str = "validation"
     download: bool = False  # TFDS: download and prepare if missing.
-    shuffle_buffer: int = 10_000
+    shuffle_buffer: int = 10_000  # 0 or 1: no shuffling.
     inception_crop: bool = True
     crop_min_area: float = 0.05  # Inception crop covers this much to 100% of the image.
     random_flip: bool = True
@@ -94,9 +94,10 @@ class Config:
 # The range of each numeric field of `Config`: (lowest, highest) allowed, None for no upper bound.
 RANGES: dict[str, tuple[float, float | None]] = {
     **dict.fromkeys(["patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers", "image_size",
-                     "max_image_pixels", "shuffle_buffer", "grad_accum_steps", "batch_size"], (1, None)),
-    **dict.fromkeys(["representation_size", "warmup_steps", "epochs", "steps_per_epoch", "total_steps",
-                     "backup_every_steps", "seed", "lr", "weight_decay", "global_clipnorm", "mixup_alpha"], (0, None)),
+                     "max_image_pixels", "grad_accum_steps", "batch_size"], (1, None)),
+    **dict.fromkeys(["representation_size", "shuffle_buffer", "warmup_steps", "epochs", "steps_per_epoch",
+                     "total_steps", "backup_every_steps", "seed", "lr", "weight_decay", "global_clipnorm",
+                     "mixup_alpha"], (0, None)),
     **dict.fromkeys(["dropout_rate", "attention_dropout_rate", "drop_path_rate", "crop_min_area", "b1", "b2",
                      "momentum", "label_smoothing", "corruption_rate", "mask_rate", "random_rate"], (0, 1)),
     "target_bits": (1, 8),

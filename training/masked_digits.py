@@ -35,7 +35,7 @@ from . import configs, trainer
 from . import masked as masked_training
 from .configs import Config
 
-STAGE_FILE = "stage.json"  # In each run's workdir: its config, summary and time, written once the run completed.
+STAGE_FILE = "stage.json"  # In each run's workdir: its inputs, summary and time, written once the run completed.
 
 PRETRAIN = ["dataset=digits", "train_split=train", "eval_split=test", "total_steps=0", "steps_per_epoch=0",
             "batch_size=64", "lr=1e-3", "warmup_steps=100", "inception_crop=true", "crop_min_area=0.6",
