@@ -306,7 +306,8 @@ def test_cli_versions_never_overwrite_unless_asked(tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:
         export_cli.main(["--model", str(model_file), "--out", str(base), "--version", "1"])
     error = capsys.readouterr().err
-    assert refused.value.code == 1 and error.startswith("keras-vit-export: error: ") and "already exists" in error, error
+    assert refused.value.code == 1 and error.startswith("keras-vit-export: error: Version directory "), error
+    assert "already exists" in error, error
     assert marker.exists()
     export_cli.main(["--model", str(model_file), "--out", str(base), "--version", "1", "--overwrite"])
     assert sorted(p.name for p in base.iterdir()) == ["1"] and not marker.exists()
