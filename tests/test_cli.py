@@ -42,16 +42,20 @@ def test_every_command_but_train_is_covered():
     assert set(_console_scripts()) - set(ARGUMENTS) == {"keras-vit-train"}  # Its own line says how to resume.
 
 
+def _stopped(command: str, raised: BaseException, monkeypatch) -> int:
+    """Runs `command`'s main with `raised` coming at its first step after parsing; returns its exit status."""
+    def stops(*args):
+        raise raised
+
+    monkeypatch.setattr(cli, "require", stops)
+    with pytest.raises(SystemExit) as done:
+        importlib.import_module(_console_scripts()[command]).main(ARGUMENTS[command])
+    return done.value.code
+
+
 @pytest.mark.parametrize("command", sorted(ARGUMENTS))
 def test_ctrl_c_ends_a_command_in_one_line_with_status_130(command, monkeypatch, capsys):
-    def interrupted(*args):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(cli, "require", interrupted)
-    main = importlib.import_module(_console_scripts()[command]).main
-    with pytest.raises(SystemExit) as done:
-        main(ARGUMENTS[command])
-    assert done.value.code == 130
+    assert _stopped(command, KeyboardInterrupt(), monkeypatch) == 130
     assert capsys.readouterr().err == f"{command}: interrupted.{NOTES.get(command, '')}\n"
 
 
@@ -59,18 +63,11 @@ def test_ctrl_c_ends_a_command_in_one_line_with_status_130(command, monkeypatch,
                                    FileNotFoundError(2, "No such file or directory", "a.png")])
 @pytest.mark.parametrize("command", sorted(ARGUMENTS))
 def test_bad_input_ends_a_command_in_one_line_with_status_1(command, error, monkeypatch, capsys):
-    def fails(*args):
-        raise error
-
-    monkeypatch.setattr(cli, "require", fails)
-    main = importlib.import_module(_console_scripts()[command]).main
-    with pytest.raises(SystemExit) as done:
-        main(ARGUMENTS[command])
-    assert done.value.code == 1
+    assert _stopped(command, error, monkeypatch) == 1
     assert capsys.readouterr().err == f"{command}: error: {error}\n"
     monkeypatch.setenv(cli.TRACEBACK_VARIABLE, "1")  # The traceback instead, for a bug report.
     with pytest.raises(type(error)):
-        main(ARGUMENTS[command])
+        _stopped(command, error, monkeypatch)
 
 
 @pytest.mark.parametrize("command, arguments, message", [
