@@ -1,9 +1,10 @@
 """Files written whole or not at all: `atomic_write(path)` (the converter's output, the inspection figures, the
-LiteRT report, a training backup's config)."""
+LiteRT report) and `write_json(path, value)` (a training backup's config, keras-vit-masked-digits' records)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from typing import Iterator
@@ -25,3 +26,9 @@ def atomic_write(path: str | os.PathLike) -> Iterator[str]:
     finally:
         if os.path.exists(partial):
             os.remove(partial)
+
+
+def write_json(path: str | os.PathLike, value) -> None:
+    """Writes `value` as indented JSON to `path`, whole or not at all (`atomic_write`)."""
+    with atomic_write(path) as partial, open(partial, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2)

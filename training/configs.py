@@ -14,6 +14,7 @@ are the paper's (arXiv:2010.11929, Appendix B, Tables 3-4):
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from typing import Any, Iterable
 
@@ -106,6 +107,11 @@ RANGES: dict[str, tuple[float, float | None]] = {
 
 def _describe(low: float, high: float | None) -> str:
     return f">= {low}" if high is None else f"{low} to {high}"
+
+
+def as_json(config: Config) -> dict[str, Any]:
+    """`config`'s fields as JSON gives them back (what a saved config is compared with)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
 
 
 def _pretrain() -> Config:

@@ -17,7 +17,6 @@ stop (Ctrl-C, a crash), it goes on where it stopped: each training run that comp
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -29,7 +28,7 @@ import keras
 import numpy as np
 
 from keras_vit import datasets, fewshot
-from keras_vit.atomic import atomic_write
+from keras_vit.atomic import write_json
 
 from . import configs, trainer
 from . import masked as masked_training
@@ -52,7 +51,7 @@ def _architecture(pooling_classifier: str) -> list[str]:
 def _inputs(config: Config) -> dict:
     """What a run's results depend on: its config and, where it starts from a weights file, that file's digest (a
     fine-tuning run of an encoder that was trained again is not the same run)."""
-    inputs = json.loads(json.dumps(dataclasses.asdict(config)))
+    inputs = configs.as_json(config)
     if config.weights and os.path.isfile(config.weights):
         with open(config.weights, "rb") as f:
             inputs["weights_sha256"] = hashlib.sha256(f.read()).hexdigest()  # The digits encoder: under 1 MB.
@@ -74,8 +73,7 @@ def train_once(config: Config, workdir: str, verbose: str | int) -> tuple[dict, 
     start = time.time()
     summary = trainer.train_and_evaluate(config, workdir, verbose=verbose)
     seconds = time.time() - start
-    with atomic_write(path) as partial, open(partial, "w", encoding="utf-8") as f:
-        json.dump({"inputs": current, "summary": summary, "seconds": seconds}, f, indent=2)
+    write_json(path, {"inputs": current, "summary": summary, "seconds": seconds})
     return summary, seconds
 
 
@@ -128,8 +126,7 @@ def measure(workdir: str, pretrain_epochs: int = 30, classifier: str = "gap", sh
                          classifier, seed) for seed in range(finetune_seeds)]
         result[f"finetune_{name}"] = {"top1": _mean_std([top1 for top1, _ in runs]),
                                       "seconds": round(float(np.mean([s for _, s in runs])))}
-    with atomic_write(os.path.join(workdir, "summary.json")) as partial, open(partial, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
+    write_json(os.path.join(workdir, "summary.json"), result)
     return result
 
 

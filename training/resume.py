@@ -7,7 +7,6 @@ was made with (`check_resume_config`), and the lock one run holds on it (`exclus
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -18,9 +17,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.atomic import atomic_write
+from keras_vit.atomic import write_json
 
-from . import distribute, multihost
+from . import configs, distribute, multihost
 from .configs import Config
 
 
@@ -92,7 +91,7 @@ def check_resume_config(config: Config, workdir: str, worker: int) -> None:
     """
     folder = backup_dir(workdir, worker)
     path = os.path.join(folder, "config.json")
-    current = json.loads(json.dumps(dataclasses.asdict(config)))
+    current = configs.as_json(config)
     saved = {}
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -108,8 +107,7 @@ def check_resume_config(config: Config, workdir: str, worker: int) -> None:
     if changed:
         logging.warning("Resuming the backup in %s with a changed config: %s.", folder, "; ".join(changed.values()))
     if changed or not saved:
-        with atomic_write(path) as partial, open(partial, "w", encoding="utf-8") as f:
-            json.dump(current, f, indent=2)
+        write_json(path, current)
 
 
 class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
