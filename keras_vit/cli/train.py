@@ -76,8 +76,6 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     cli.require("keras-vit-train", "training")
-    import dataclasses
-
     import keras
 
     from keras_vit.training import configs, distribute, multihost, resume, trainer
@@ -85,12 +83,9 @@ def main(argv: list[str]) -> None:
     logging.getLogger().setLevel(logging.INFO)
     try:
         config = configs.apply_overrides(configs.get_config(_CONFIG.value), _OVERRIDE.value)
-    except ValueError as error:  # An unknown field or a value of the wrong type.
-        raise SystemExit(f"keras-vit-train: {error}") from None
-    if _PRINT_CONFIG.value:
-        print(json.dumps(dataclasses.asdict(config), indent=2))
-        return
-    try:
+        if _PRINT_CONFIG.value:
+            print(json.dumps(configs.as_json(config), indent=2))
+            return
         resume.check_workdir(_WORKDIR.value)
         cluster = multihost.Cluster.from_flags_and_env(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         if _MULTI_PROCESS.value or cluster.given:
@@ -102,7 +97,7 @@ def main(argv: list[str]) -> None:
             multihost.initialize(cluster, _JOIN_TIMEOUT.value, _HEARTBEAT_TIMEOUT.value)
         strategy = distribute.get_strategy(_STRATEGY.value, _TPU.value, _MODEL_PARALLEL.value)
         distribute.check_global_batch(config.batch_size, strategy)
-    except (ValueError, multihost.JoinError) as error:  # A setup that cannot run: one line, no traceback.
+    except (ValueError, multihost.JoinError) as error:  # A config or setup that cannot run: one line, no traceback.
         raise SystemExit(f"keras-vit-train: {error}") from None
     logging.info("Devices: %s", distribute.device_names())
     try:
