@@ -76,9 +76,9 @@ def cases(tokens: int, width: int, heads: int) -> list[tuple[str, str, object, l
     ]
 
 
-def convert(function, shapes: list[tuple[int, ...]], conversion: str, draw=None) -> bytes:
-    """`function` of float32 inputs of `shapes` as a full-int8 flatbuffer, calibrated on 8 draws of
-    `draw(rng, shape)` (default: standard normal)."""
+def full_int8_converter(function, shapes: list[tuple[int, ...]], draw=None) -> tf.lite.TFLiteConverter:
+    """A converter of `function` of float32 inputs of `shapes` to full int8 (int8 in and out), calibrated on 8
+    draws of `draw(rng, shape)` (default: standard normal)."""
     draw = draw or (lambda rng, shape: rng.standard_normal(shape))
     specs = [tf.TensorSpec(shape, tf.float32) for shape in shapes]
     traced = tf.function(function)
@@ -89,6 +89,13 @@ def convert(function, shapes: list[tuple[int, ...]], conversion: str, draw=None)
                                                 for _ in range(8))
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     converter.inference_input_type = converter.inference_output_type = tf.int8
+    return converter
+
+
+def convert(function, shapes: list[tuple[int, ...]], conversion: str, draw=None) -> bytes:
+    """`function` of float32 inputs of `shapes` as a full-int8 flatbuffer (`full_int8_converter`), "plain" by
+    `TFLiteConverter.convert()`, otherwise as `keras_vit.export.tflite_conversion` writes `conversion`."""
+    converter = full_int8_converter(function, shapes, draw)
     if conversion == "plain":
         return converter.convert()
     return tflite_conversion._full_int8(converter, "int8_cpu" if conversion == "int8_cpu" else "int8")
