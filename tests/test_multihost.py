@@ -264,21 +264,21 @@ def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
                                  [_env(None, port)] * 2, 120):
         assert result.returncode == 1, result.stderr[-3000:]
         assert result.stderr.strip().splitlines()[-1] == (
-            "keras-vit-train: Global batch size 6 is not divisible by the 4 replicas of DataParallel over 2 processes. "
-            "Expected a positive multiple of 4."), result.stderr[-3000:]
+            "keras-vit-train: error: Global batch size 6 is not divisible by the 4 replicas of DataParallel over 2 "
+            "processes. Expected a positive multiple of 4."), result.stderr[-3000:]
     port = free_ports(1)[0]
     flags = _cluster_flags(port, "--model_parallel=2", "--join_timeout=3", *[f"--override={o}" for o in TINY])
     split = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, port),
                            capture_output=True, text=True, timeout=120)  # Refused before joining: no process 0.
     assert split.returncode == 1 and split.stderr.strip().splitlines()[-1] == (
-        "keras-vit-train: model_parallel=2 with 2 processes: keras_vit saves a split model from one process "
+        "keras-vit-train: error: model_parallel=2 with 2 processes: keras_vit saves a split model from one process "
         "only. Expected model_parallel=1 (DataParallel) in a multi-process run."), split.stderr[-3000:]
     flags = _cluster_flags(port, "--join_timeout=3")
     alone = subprocess.run(_cli(tmp_path, *flags, "--process_id=1"), cwd=REPO, env=_env(None, free_ports(1)[0]),
                            capture_output=True, text=True, timeout=120)
     assert alone.returncode == 1 and "Traceback" not in alone.stderr, alone.stderr[-3000:]
-    assert alone.stderr.strip().splitlines()[-1].startswith(f"keras-vit-train: Process 0 at localhost:{port} did not "
-                                                            "answer within 3 s."), alone.stderr[-3000:]
+    assert alone.stderr.strip().splitlines()[-1].startswith(
+        f"keras-vit-train: error: Process 0 at localhost:{port} did not answer within 3 s."), alone.stderr[-3000:]
 
 
 KILLABLE_RUN = [sys.executable, "-m", "tests.killable_run"]  # WORKDIR KILL_AT STRATEGY OVERRIDES...

@@ -196,7 +196,8 @@ def test_cli_help_explains_every_flag_and_a_url_workdir_is_one_line():
     url = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--config=digits", "--workdir=gs://bucket/run"],
                          env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert url.returncode == 1 and url.stderr.strip().splitlines()[-1].startswith(
-        "keras-vit-train: workdir 'gs://bucket/run' is a URL;") and "Traceback" not in url.stderr, url.stderr[-3000:]
+        "keras-vit-train: error: workdir 'gs://bucket/run' is a URL;") and "Traceback" not in url.stderr, \
+        url.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -207,7 +208,7 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
     nan = subprocess.run(_cli(tmp_path / "nan", "optimizer=sgd", "lr=1e30"), env=subprocess_env(),
                          capture_output=True, text=True, timeout=300)
     assert nan.returncode == 1, nan.stderr[-3000:]
-    assert nan.stderr.strip().splitlines()[-1].startswith("keras-vit-train: Loss became nan at epoch 1"), \
+    assert nan.stderr.strip().splitlines()[-1].startswith("keras-vit-train: error: Loss became nan at epoch 1"), \
         nan.stderr[-3000:]
     assert "Traceback" not in nan.stderr, nan.stderr[-3000:]
 
@@ -223,7 +224,7 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
     second = subprocess.run(_cli(workdir, "epochs=1000", "steps_per_epoch=50"), env=subprocess_env(),
                             capture_output=True, text=True, timeout=300)  # The same command, while it trains.
     assert second.returncode == 1 and second.stderr.strip().splitlines()[-1].startswith(
-        f"keras-vit-train: Another process (process {process.pid} on ") and f"is training in {workdir}: its " \
+        f"keras-vit-train: error: Another process (process {process.pid} on ") and f"is training in {workdir}: its " \
         "backup" in second.stderr and "Traceback" not in second.stderr, second.stderr[-3000:]
     assert process.poll() is None, "training ended before it could be interrupted"
     process.send_signal(signal.SIGINT)
@@ -237,8 +238,8 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
                                  env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert other_model.returncode == 1, other_model.stderr[-3000:]
     assert other_model.stderr.strip().splitlines()[-1].startswith(
-        f"keras-vit-train: {workdir} holds the backup of a run with another model or optimizer (hidden_dim 16 -> 32)."
-    ) and "Traceback" not in other_model.stderr, other_model.stderr[-3000:]
+        f"keras-vit-train: error: {workdir} holds the backup of a run with another model or optimizer "
+        "(hidden_dim 16 -> 32).") and "Traceback" not in other_model.stderr, other_model.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -253,14 +254,17 @@ def test_cli_print_config_applies_overrides(tmp_path):
 
 @pytest.mark.slow
 def test_cli_bad_input_ends_in_one_line(tmp_path):
-    """An unknown override and a dataset that is not prepared: exit status 1 and the message, no traceback."""
+    """An unknown override and a dataset that is not prepared: exit status 1 and the message, no traceback; with
+    KERAS_VIT_TRACEBACK=1, the traceback."""
     command = [sys.executable, "-m", "keras_vit.cli.train", "--config=finetune", f"--workdir={tmp_path / 'run'}"]
-    for overrides, message in [
-            (["--override=lr=0.01", "--override=learning_rate=0.01"],
-             "keras-vit-train: Unknown config field 'learning_rate' in override 'learning_rate=0.01'. Expected one "),
-            ([f"--override=data_dir={tmp_path}"],
-             f"keras-vit-train: TFDS dataset 'imagenet2012' is not prepared in '{tmp_path}/imagenet2012/")]:
-        result = subprocess.run([*command, *overrides], env=subprocess_env(), capture_output=True, text=True,
-                                timeout=120)
-        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-        assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr[-3000:]
+    unknown = ["--override=lr=0.01", "--override=learning_rate=0.01"]
+    message = "Unknown config field 'learning_rate' in override 'learning_rate=0.01'. Expected one "
+    for overrides, variables, traceback, last_line in [
+            (unknown, {}, False, f"keras-vit-train: error: {message}"),
+            ([f"--override=data_dir={tmp_path}"], {}, False,
+             f"keras-vit-train: error: TFDS dataset 'imagenet2012' is not prepared in '{tmp_path}/imagenet2012/"),
+            (unknown, {"KERAS_VIT_TRACEBACK": "1"}, True, f"ValueError: {message}")]:
+        result = subprocess.run([*command, *overrides], env=subprocess_env(**variables), capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 1 and ("Traceback" in result.stderr) == traceback, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1].startswith(last_line), result.stderr[-3000:]

@@ -15,9 +15,10 @@ Each command's `--help` works on the base install (`pip install keras_vit`, no b
 nothing heavy. `main` first calls `require(command, extra)`, which ends the run with one line naming the extra
 to install when a distribution of that extra (as the installed package declares it) or a Keras backend is
 missing, instead of an ImportError traceback. Bad input (a ValueError or OSError: an unknown variant, a missing
-file) ends a command with `<command>: error: <message>` and exit status 1, and Ctrl-C with one line and exit status
-130 (`one_line_exits`; `keras-vit-train` has its own lines, and says how to resume), not a traceback.
-`KERAS_VIT_TRACEBACK=1` shows the traceback of such an error instead.
+file) ends a command with `<command>: error: <message>` (`error_line`) and exit status 1, and Ctrl-C with one line
+and exit status 130 (`one_line_exits`; `keras-vit-train`'s own handlers end its errors with the same line, and its
+Ctrl-C line says how to resume), not a traceback. `KERAS_VIT_TRACEBACK=1` shows the traceback of such an error
+instead.
 
 TensorFlow, which the `training` and `export` extras run on, is checked by import, not by distribution name:
 those extras do not declare it (the `tensorflow` extra does), so that they install beside the TensorFlow an
@@ -113,6 +114,11 @@ def wants_traceback() -> bool:
     return os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
 
 
+def error_line(command: str, error: BaseException) -> str:
+    """The one line that ends `command` on `error`: `"<command>: error: <message>"`, argparse's own form."""
+    return f"{command}: error: {error}"
+
+
 def one_line_exits(command: str, interrupt_note: str = "") -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Decorates a command's `main`: an input error (`INPUT_ERRORS`) ends it with `"<command>: error: <message>"`
     and exit status 1; Ctrl-C (KeyboardInterrupt) with `"<command>: interrupted."` and `interrupt_note`, and exit
@@ -128,7 +134,7 @@ def one_line_exits(command: str, interrupt_note: str = "") -> Callable[[Callable
             except INPUT_ERRORS as error:
                 if wants_traceback():
                     raise
-                print(f"{command}: error: {error}", file=sys.stderr)
+                print(error_line(command, error), file=sys.stderr)
                 raise SystemExit(1) from None
         return run
     return decorate

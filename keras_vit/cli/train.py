@@ -23,6 +23,7 @@ from absl import app, flags
 
 from keras_vit import cli
 
+COMMAND = "keras-vit-train"
 # keras_vit.training's configs.RECIPES and distribute.STRATEGIES, spelled here so that --help needs no
 # TensorFlow (a test checks that they agree).
 RECIPES = ("digits", "finetune", "masked_patches", "pretrain")
@@ -75,7 +76,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    cli.require("keras-vit-train", "training")
+    cli.require(COMMAND, "training")
     import keras
 
     from keras_vit.training import configs, distribute, multihost, resume, trainer
@@ -98,18 +99,20 @@ def main(argv: list[str]) -> None:
         strategy = distribute.get_strategy(_STRATEGY.value, _TPU.value, _MODEL_PARALLEL.value)
         distribute.check_global_batch(config.batch_size, strategy)
     except (ValueError, multihost.JoinError) as error:  # A config or setup that cannot run: one line, no traceback.
-        raise SystemExit(f"keras-vit-train: {error}") from None
+        if cli.wants_traceback():
+            raise
+        raise SystemExit(cli.error_line(COMMAND, error)) from None
     logging.info("Devices: %s", distribute.device_names())
     try:
         summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
     except (trainer.NaNLossError, resume.ResumeConfigError, resume.RunInProgressError) as error:  # In one line.
-        raise SystemExit(f"keras-vit-train: {error}") from None
+        raise SystemExit(cli.error_line(COMMAND, error)) from None
     except cli.INPUT_ERRORS as error:  # Data that cannot be read (not prepared, unknown), a file that is missing.
         if cli.wants_traceback():
             raise
-        raise SystemExit(f"keras-vit-train: {error}") from None
+        raise SystemExit(cli.error_line(COMMAND, error)) from None
     except KeyboardInterrupt:
-        print(f"keras-vit-train: interrupted. Run the same command (--workdir={_WORKDIR.value}) to resume from its "
+        print(f"{COMMAND}: interrupted. Run the same command (--workdir={_WORKDIR.value}) to resume from its "
               f"last backup in {_WORKDIR.value}/backup/.", file=sys.stderr)
         raise SystemExit(130) from None
     if "model_path" not in summary:  # A JAX process other than 0: process 0 saved the model.
