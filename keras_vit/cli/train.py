@@ -76,7 +76,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    cli.require(COMMAND, "training")
+    cli.require("keras-vit-train", "training")
     import keras
 
     from keras_vit.training import configs, distribute, multihost, resume, trainer
