@@ -1,18 +1,20 @@
-"""Can a softmax of XNNPACK's int8 ops take the place of LiteRT's int8 SOFTMAX? Their times and errors side by side.
+"""Can a softmax of ops that XNNPACK runs take the place of LiteRT's int8 SOFTMAX? Times and errors side by side.
 
     python -m benchmarks.int8_softmax [--tokens 197] [--heads 3] [--runs 40]
 
 LiteRT's int8 SOFTMAX is the interpreter's own kernel, on one thread: in ViT-Ti/16's strict `int8` file its 12
 softmaxes keep the file under 2x float32 at 2 threads (benchmarks/RESULTS.md, runs AG, AH). XNNPACK has no int8
-EXP, but it runs int8 ELU, and exp(x) = ELU(x) + 1 where x <= 0, as x - max is. Each form below is a softmax over
+EXP, but it runs ELU, and exp(x) = ELU(x) + 1 where x <= 0, as x - max is. Each form below is a softmax over
 the last axis of (1, heads, tokens, tokens) logits, converted to full int8 (int8 in and out) as
 `benchmarks.litert_ops` converts its "plain" cases, and calibrated and checked on logits whose rows each have a
 temperature of their own (standard normal times one of `TEMPERATURES`, drawn per row): flat and peaked rows in one
 tensor, as the heads of a trained model give them.
 
 The table gives the median of `--runs` invokes at 1 and 2 threads, the ops that ran outside XNNPACK, the largest
-error of a probability against float32's softmax of the same (quantized) logits over 4 other draws, and the range
-of the rows' sums. The ELU forms divide by the row's sum, which int8 holds on one scale for every row.
+error of a probability against float32's softmax of the same (quantized) logits over 4 other draws, the range
+of the rows' sums, and the ops that compute in float32 (the converter quantizes no ELU: it leaves ELU in float32
+between a DEQUANTIZE and a QUANTIZE, which XNNPACK runs too, so no ELU form is integer-only). The ELU forms divide
+by the row's sum, which int8 holds on one scale for every row.
 
 The forms marked "ranges set" are converted with three calibrated ranges replaced (`exact_exp_ranges`) before the
 converter quantizes: x - max on the logits' own scale (exact in int8), ELU's output on [-1, 0] (so that the exp of a
@@ -154,15 +156,15 @@ def main(argv: list[str] | None = None) -> None:
     shape = (1, args.heads, args.tokens, args.tokens)
     print(f"{litert_ops.machine()}; softmax of {shape} logits, full int8, temperatures {TEMPERATURES} by row; "
           f"median of {args.runs}")
-    print("| softmax | 1 thread (ms) | 2 threads (ms) | outside XNNPACK | largest error | row sums |")
-    print("|---|---:|---:|---|---:|---|")
+    print("| softmax | 1 thread (ms) | 2 threads (ms) | outside XNNPACK | largest error | row sums | float32 ops |")
+    print("|---|---:|---:|---|---:|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         for i, (name, function, set_ranges) in enumerate(FORMS):
             path = Path(folder) / f"{i}.tflite"
             path.write_bytes(convert(function, shape, set_ranges))
             largest, low, high = errors(path, shape)
-            print(f"| {name} | {litert_ops.timed_cells(path, args.runs)} | {largest:.4f} | {low:.3f} to {high:.3f} |",
-                  flush=True)
+            print(f"| {name} | {litert_ops.timed_cells(path, args.runs)} | {largest:.4f} | {low:.3f} to {high:.3f} | "
+                  f"{', '.join(tflite.float_ops(path)) or 'none'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -207,8 +207,10 @@ def test_int8_softmax_forms_run_on_xnnpack_and_none_is_as_exact_as_softmax(capsy
     assert list(rows) == [name for name, _, _ in int8_softmax.FORMS], rows
     assert all(float(row[0]) >= 0 and float(row[1]) >= 0 for row in rows.values()), rows
     softmax, by_reciprocal, by_log, ranges_set, two_passes = rows.values()
-    # XNNPACK runs int8 ELU: of the ELU forms only the reciprocals' DIVs (or the LOG) stay in the interpreter.
+    # XNNPACK runs ELU: of the ELU forms only the reciprocals' DIVs (or the LOG) stay in the interpreter. But the
+    # converter leaves ELU in float32, so no ELU form is integer-only.
     assert [row[2] for row in rows.values()] == ["SOFTMAX 1", "DIV 1", "LOG 1", "DIV 1", "DIV 2"]
+    assert [row[5] for row in rows.values()] == ["none", "ELU", "ELU", "ELU", "ELU"]
     # The built-in is within a step or two of its output (1/256; one here) on rows of mixed temperature. Each
     # ELU form is less exact; setting the ranges (an exact x - max, an ELU that reaches -1) and a second pass
     # (the sums near 1, held finely) each make it more exact.
