@@ -88,8 +88,7 @@ def exact_exp_ranges(calibrated: bytes) -> bytes:
     model = schema.Model.GetRootAs(buffer, 0)
     graph = model.Subgraphs(0)
     ops = [graph.Operators(i) for i in range(graph.OperatorsLength())]
-    names = [tflite_conversion._BUILTIN_NAMES.get(tflite_conversion.builtin_code(
-        model.OperatorCodes(op.OpcodeIndex())), "") for op in ops]
+    names = [tflite_conversion.op_name(model, op) for op in ops]
     producer = {int(tensor): op for op in ops for tensor in op.OutputsAsNumpy()}
     consumers: dict[int, list] = {}
     for op, name in zip(ops, names):

@@ -45,6 +45,11 @@ def builtin_code(operator_code) -> int:
     return max(operator_code.BuiltinCode(), operator_code.DeprecatedBuiltinCode())
 
 
+def op_name(model, op) -> str:
+    """The builtin name ("BATCH_MATMUL") of `op`, an `Operator` of the flatbuffer `model`; "" for an unknown code."""
+    return _BUILTIN_NAMES.get(builtin_code(model.OperatorCodes(op.OpcodeIndex())), "")
+
+
 def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[str, Any]:
     """TFLiteConverter settings for `mode`: attributes, and `target_spec` attributes."""
     builtins = {"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]}
@@ -188,12 +193,9 @@ def symmetric_matmul_operands(calibrated: bytes) -> bytes:
     model = schema.Model.GetRootAs(buffer, 0)
     graph = model.Subgraphs(0)
     ops = [graph.Operators(i) for i in range(graph.OperatorsLength())]
-
-    def name(op) -> str:
-        return _BUILTIN_NAMES.get(builtin_code(model.OperatorCodes(op.OpcodeIndex())), "")
-
-    same_scale = [{int(op.Inputs(0)), *map(int, op.OutputsAsNumpy())} for op in ops if name(op) in SAME_SCALE_OPS]
-    tied = {int(op.Inputs(1)) for op in ops if name(op) == "BATCH_MATMUL"}
+    same_scale = [{int(op.Inputs(0)), *map(int, op.OutputsAsNumpy())} for op in ops
+                  if op_name(model, op) in SAME_SCALE_OPS]
+    tied = {int(op.Inputs(1)) for op in ops if op_name(model, op) == "BATCH_MATMUL"}
     grown = True
     while grown:  # the tensors joined to the operands through same-scale ops, in either direction
         joined = set().union(tied, *(ends for ends in same_scale if ends & tied))
