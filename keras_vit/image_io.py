@@ -116,27 +116,48 @@ def decode_rgb(data: tf.Tensor, max_pixels: int = DEFAULT_MAX_PIXELS) -> tf.Tens
     return image
 
 
+def resize_sides(size: tuple[int, int], crop_fraction: float = 1.0, resize_size: int | None = None) -> tuple[int, int]:
+    """The (height, width) an image is resized to before the centre crop to `size` (for `"shortest_edge"`, the short
+    side is the smaller one): `resize_size` as the checkpoint's processor declares it, for both sides; without one,
+    `floor(side / crop_fraction)` per side in floating point, as timm computes it from `crop_pct`."""
+    if resize_size is not None:
+        return resize_size, resize_size
+    return math.floor(size[0] / crop_fraction), math.floor(size[1] / crop_fraction)
+
+
+def resized_shape(image_shapes, size: tuple[int, int], resize_mode: str = "squash", crop_fraction: float = 1.0,
+                  resize_size: int | None = None) -> tf.Tensor:
+    """int32 (..., 2): the (height, width) that images of shapes `image_shapes` (..., 2) are resized to before the
+    centre crop to `size` (`fit_to_model`): `"squash"`, `resize_sides`; `"shortest_edge"`, the short side to the
+    smaller of them and the long one to `int(short * long / short_in)` in float64, as transformers and torchvision
+    compute it, neither below `size`."""
+    sides = resize_sides(size, crop_fraction, resize_size)
+    image_shapes = tf.convert_to_tensor(image_shapes, tf.int32)
+    if resize_mode == "squash":
+        return tf.broadcast_to(tf.constant(sides, tf.int32), tf.shape(image_shapes))
+    short = min(sides)
+    in_shape = tf.cast(image_shapes, tf.float64)
+    in_short = tf.reduce_min(in_shape, axis=-1, keepdims=True)
+    scaled = tf.cast(tf.cast(short, tf.float64) * in_shape / in_short, tf.int32)
+    target = tf.where(in_shape == in_short, short, scaled)  # the short side exactly `short`
+    return tf.maximum(target, tf.constant(size, tf.int32))
+
+
 def fit_to_model(images: tf.Tensor, size: tuple[int, int], *, resize_mode: str = "squash",
-                 crop_fraction: float = 1.0, interpolation: str = "bilinear", crop_offset: str = "floor") -> tf.Tensor:
+                 crop_fraction: float = 1.0, resize_size: int | None = None, interpolation: str = "bilinear",
+                 crop_offset: str = "floor") -> tf.Tensor:
     """Images (batch, height, width, 3) of one size -> float32 (batch, *size, 3): resized, then centre-cropped.
 
-    The checkpoint's evaluation transform (`ViTConfig.input_fields`): the resize size is
-    `floor(size / crop_fraction)` (timm's `crop_pct` rule); `"squash"` resizes both sides to it, `"shortest_edge"`
-    the short side, the long one to `int(resize * long / short)` (as transformers and torchvision). The crop takes
-    the centre, its top-left offset `(resized - size) // 2` (`crop_offset="floor"`, transformers) or that halved
-    margin rounded half to even (`"round"`, torchvision, which timm uses). `interpolation` is a `tf.image.resize`
-    method, antialiased when shrinking (as PIL, which transformers and timm resize with). An image already at
-    `size` with no crop passes unchanged.
+    The checkpoint's evaluation transform (`ViTConfig.input_fields`): the resize size is `resize_sides` (the
+    declared integer, else `floor(size / crop_fraction)`, timm's `crop_pct` rule); `"squash"` resizes both sides to
+    it, `"shortest_edge"` the short side, the long one to `int(resize * long / short)` (as transformers and
+    torchvision). The crop takes the centre, its top-left offset `(resized - size) // 2` (`crop_offset="floor"`,
+    transformers) or that halved margin rounded half to even (`"round"`, torchvision, which timm uses).
+    `interpolation` is a `tf.image.resize` method, antialiased when shrinking (as PIL, which transformers and timm
+    resize with). An image already at the resize size passes the resize unchanged.
     """
     height, width = size
-    if resize_mode == "squash":
-        target = tf.constant([math.floor(height / crop_fraction), math.floor(width / crop_fraction)], tf.int32)
-    else:
-        short = math.floor(min(height, width) / crop_fraction)
-        in_shape = tf.cast(tf.shape(images)[1:3], tf.float64)
-        scaled = tf.cast(tf.cast(short, tf.float64) * in_shape / tf.reduce_min(in_shape), tf.int32)
-        target = tf.where(in_shape == tf.reduce_min(in_shape), short, scaled)  # the short side exactly `short`
-        target = tf.maximum(target, tf.constant([height, width], tf.int32))
+    target = resized_shape(tf.shape(images)[1:3], size, resize_mode, crop_fraction, resize_size)
     resized = tf.image.resize(images, target, method=interpolation, antialias=True)
     margins = tf.shape(resized)[1:3] - tf.constant([height, width])
     offsets = margins // 2 if crop_offset == "floor" else tf.cast(tf.round(tf.cast(margins, tf.float64) / 2), tf.int32)

@@ -22,7 +22,8 @@ def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, 
         variant: a variant name ("B/16", "R50+B/16", ...) to build with `weights`.
         weights: `None` (random), a registered name (with `variant`), or a weights file, `save_pretrained`
             directory or `hf://` name, whose architecture is read from it when `variant` is not given.
-        input_shape: the input shape. Defaults to `(224, 224, 3)`.
+        input_shape: the input shape. Defaults to the size the weights' files declare (`VisionTransformer`), else
+            `(224, 224, 3)`.
         classes: the number of classes. Defaults to the head of `weights` where it has one, else `1000`.
         pooling: build without the head, returning this pooling (`"token"`, `"avg"`, `"map"`). Defaults to
             `None`: with the head, except for weights without one, which pool as their model does.

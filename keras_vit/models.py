@@ -52,7 +52,10 @@ Args:
     input_shape: (height, width, channels); height and width divisible by {stride}, or
         `(None, None, channels)` for any size at run time (multiples of {stride}): the position
         embedding, stored at the checkpoint's grid, is fitted to each image's grid inside the
-        model, as the loader resamples it. Defaults to `(224, 224, 3)`.
+        model, as the loader resamples it. Defaults to the checkpoint's own size: the images its declared
+        transform produces (a `preprocessor_config.json`'s crop, timm's `input_size`), else its config.json's
+        `image_size`, else the size its position table was trained at; `(224, 224, 3)` without a file. A size
+        that differs from the file's is the user's choice: the position table is resampled, said in one line.
     pooling: with `include_top=False`: `None` returns the token sequence
         (batch, tokens, {hidden_dim}) after the final norm; `"token"` (class token), `"avg"`
         (mean of all tokens) or `"map"` (the attention-pooling head of `classifier="map"`) return a
@@ -121,12 +124,13 @@ Args:
     Input options (defaults: those declared beside `weights=`, else the original's):
     image_mean, image_std: 3 floats on [0, 1] pixels. Defaults to `(0.5, 0.5, 0.5)` each. A value that
         differs from the checkpoint's is used, with a one-line warning.
-    resize_mode, crop_fraction, interpolation, crop_offset: how the exports (`keras-vit-export`,
+    resize_mode, crop_fraction, resize_size, interpolation, crop_offset: how the exports (`keras-vit-export`,
         `keras-vit-tflite`) fit an image of another size: `"squash"` both sides or `"shortest_edge"` the short
-        side to `floor(size / crop_fraction)`, then a centre crop of the model's size whose corner is
-        `(resized - size) // 2` (`"floor"`, transformers) or rounded (`"round"`, torchvision); `"bilinear"`,
-        `"bicubic"`, `"nearest"` or `"lanczos3"` (antialiased when shrinking). Defaults to `"squash"`, `1.0`,
-        `"bilinear"`, `"floor"`.
+        side to `resize_size` (the integer a processor declares, used as it is at the checkpoint's own size), or
+        without one to `floor(size / crop_fraction)` (timm's `crop_pct` rule, and the rule at any other size),
+        then a centre crop of the model's size whose corner is `(resized - size) // 2` (`"floor"`, transformers)
+        or rounded (`"round"`, torchvision); `"bilinear"`, `"bicubic"`, `"nearest"` or `"lanczos3"`
+        (antialiased when shrinking). Defaults to `"squash"`, `1.0`, `None`, `"bilinear"`, `"floor"`.
 
 Returns:
     A `keras_vit.ViTModel` (a functional `keras.Model`); its `vit_config` is the `ViTConfig` it was built from.
@@ -327,8 +331,9 @@ def _validate(*, include_top: bool, pooling: str | None, classes: int, config: V
                          f"or 'softmax'. Received: classifier_activation={classifier_activation!r}")
 
 
-def _image_input(input_tensor, input_shape, stride: int, pretrained: bool):
-    """Returns the model's image input tensor after checking its shape (a `None` height or width: any size)."""
+def _image_input(input_tensor, input_shape, stride: int, pretrained: bool, default_size: tuple[int, int]):
+    """Returns the model's image input tensor after checking its shape (a `None` height or width: any size;
+    `default_size` without `input_shape` or `input_tensor`: the checkpoint's own, else 224)."""
     if input_tensor is not None:
         image = input_tensor if keras.backend.is_keras_tensor(input_tensor) else keras.Input(tensor=input_tensor)
         shape = tuple(image.shape[1:])
@@ -337,7 +342,7 @@ def _image_input(input_tensor, input_shape, stride: int, pretrained: bool):
             raise ValueError(f"`input_shape` {tuple(input_shape)} differs from the shape of `input_tensor`, {shape}. "
                              "Expected one of them, or the same shape.")
     else:
-        shape = tuple(input_shape) if input_shape is not None else (224, 224, 3)
+        shape = tuple(input_shape) if input_shape is not None else (*default_size, 3)
         image = None
     if len(shape) != 3:
         raise ValueError(f"`input_shape` must be (height, width, channels). Received: {shape}")
@@ -367,6 +372,10 @@ def model_config(variant: str | None = None, file: CheckpointFile | None = None,
     given = {**row, **{name: value for name, value in options.items() if value is not None}}
     file.check_agrees(given)
     config = variants.make_config(variant, file.config_fields(given.get("num_heads")), options)
+    if file.heads_guessed(given.get("num_heads")):
+        warnings.warn(f"keras_vit: {file.path!r} does not state its number of heads (no config.json beside it says "
+                      f"it): num_heads={config.num_heads} is guessed from the variant of the same shapes. Give "
+                      "num_heads= (or the variant) if the model has another.", stacklevel=3)
     _warn_if_input_overridden(config, file)
     return config
 
@@ -408,12 +417,17 @@ def VisionTransformer(
     """
     variants.check_options(options, "VisionTransformer")  # before any file is read
     file = checkpoint_loader.local_file(weights)  # one read of its header, carried to the loader
+    if file is not None and include_preprocessing:
+        file.preprocessing_needed(options)
     config = model_config(variant, file, **options)
-    if file is not None and "MAPHead_0/probe" in file.shapes and not include_top and pooling != "map":
+    if file is not None and file.shapes and file.pooling == "map" and not include_top and pooling != "map":
         raise ValueError(f"{file.path!r} pools with an attention-pooling head (classifier='map', SigLIP): pass "
                          f"pooling='map' for its pooled embedding (received pooling={pooling!r}); for the "
                          "tokens, build with pooling='map' and use keras_vit.features_model(model).")
-    image, image_shape = _image_input(input_tensor, input_shape, config.stride, pretrained=weights is not None)
+    default_size = file.input_size if file is not None and file.input_size else (224, 224)
+    image, image_shape = _image_input(input_tensor, input_shape, config.stride, pretrained=weights is not None,
+                                      default_size=default_size)
+    config = _declared_resize_at(config, file, image_shape, options)
     weights_source = checkpoint_loader.resolve(file or weights, variant=variant, image_size=image_shape[:2],
                                                include_top=include_top, classes=classes)
     _validate(include_top=include_top, pooling=pooling, classes=classes, config=config,
@@ -430,6 +444,17 @@ def VisionTransformer(
     if weights_source is not None:
         checkpoint_loader.load(model, weights_source)
     return model
+
+
+def _declared_resize_at(config: ViTConfig, file: CheckpointFile | None, image_shape: tuple,
+                        options: dict) -> ViTConfig:
+    """`config` whose `resize_size` (the integer a processor declares for its own size) applies only where the
+    model's images are that size: a model built at another size resizes by `crop_fraction` (timm's rule)."""
+    if file is None or config.resize_size is None or options.get("resize_size") is not None:
+        return config
+    height, width = image_shape[:2]
+    size = (height, width) if height is not None and width is not None else (file.image_size, file.image_size)
+    return config if tuple(size) == file.input_size else dataclasses.replace(config, resize_size=None)
 
 
 def _grid_size(image_shape: tuple, stride: int, checkpoint_size: int | None, weights_source) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from typing import Any, Iterator, Mapping
 
 _TINY = dict(hidden_dim=192, mlp_dim=768, num_heads=3, num_layers=12)
@@ -90,6 +91,7 @@ class ViTConfig:
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     resize_mode: str = "squash"  # "squash": both sides to the resize size; "shortest_edge": the short side
     crop_fraction: float = 1.0  # centre crop / resize size (timm's crop_pct); 1: no crop
+    resize_size: int | None = None  # the declared resize size at the model's size; None: floor(size / crop_fraction)
     interpolation: str = "bilinear"  # of the resize, antialiased when shrinking
     crop_offset: str = "floor"  # the crop's top-left: (resized - size) // 2 (transformers) or rounded (torchvision)
     # Regularization and memory.
@@ -123,8 +125,14 @@ class ViTConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{field} must be a positive int. Received: {field}={value!r}")
+        for field in ("image_mean", "image_std"):
+            if not all(math.isfinite(value) for value in getattr(self, field)):
+                raise ValueError(f"Every {field} must be a finite number. Received: {field}={getattr(self, field)}")
         if min(self.image_std) <= 0:
             raise ValueError(f"Every image_std must be positive. Received: image_std={self.image_std}")
+        size = self.resize_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise ValueError(f"resize_size must be a positive int (pixels) or None. Received: resize_size={size!r}")
         if not isinstance(self.crop_fraction, (int, float)) or not 0 < self.crop_fraction <= 1:
             raise ValueError(f"crop_fraction must be in (0, 1] (the centre crop's share of the resized image; 1: no "
                              f"crop). Received: crop_fraction={self.crop_fraction!r}")
@@ -197,7 +205,8 @@ class ViTConfig:
 
 
 OPTIONS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(ViTConfig))
-RESIZE_FIELDS = ("resize_mode", "crop_fraction", "interpolation", "crop_offset")  # `image_io.fit_to_model`'s keywords
+# `image_io.fit_to_model`'s keywords.
+RESIZE_FIELDS = ("resize_mode", "crop_fraction", "resize_size", "interpolation", "crop_offset")
 INPUT_FIELDS = ("image_mean", "image_std", *RESIZE_FIELDS)
 
 

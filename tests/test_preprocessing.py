@@ -6,6 +6,7 @@ repositories (their keys and values as published); the weights are tiny random o
 import io
 import json
 import math
+import re
 import warnings
 
 import numpy as np
@@ -21,33 +22,38 @@ from tests.testing import hf_state_dict, save_safetensors, timm_state_dict
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-PROCESSORS = {  # repository: (preprocessor_config.json, expected fields)
+PROCESSORS = {  # repository: (preprocessor_config.json, expected fields, the size it produces)
     "openai/clip-vit-base-patch32": (
         {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
          "feature_extractor_type": "CLIPFeatureExtractor", "image_mean": CLIP_MEAN, "image_std": CLIP_STD,
          "resample": 3, "size": 224},
-        dict(resize_mode="shortest_edge", crop_fraction=1.0, interpolation="bicubic", crop_offset="floor")),
+        dict(resize_mode="shortest_edge", crop_fraction=1.0, resize_size=224, interpolation="bicubic",
+             crop_offset="floor"), (224, 224)),
     "facebook/dinov2-base": (
         {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_convert_rgb": True,
          "do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": IMAGENET_MEAN,
          "image_processor_type": "BitImageProcessor", "image_std": IMAGENET_STD, "resample": 3,
          "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 256}},
-        dict(resize_mode="shortest_edge", crop_fraction=0.875, interpolation="bicubic", crop_offset="floor")),
+        dict(resize_mode="shortest_edge", crop_fraction=0.875, resize_size=256, interpolation="bicubic",
+             crop_offset="floor"), (224, 224)),
     "google/siglip-base-patch16-224": (
         {"do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.5, 0.5, 0.5],
          "image_processor_type": "SiglipImageProcessor", "image_std": [0.5, 0.5, 0.5], "processor_class":
          "SiglipProcessor", "resample": 3, "rescale_factor": 0.00392156862745098,
          "size": {"height": 224, "width": 224}},
-        dict(resize_mode="squash", crop_fraction=1.0, interpolation="bicubic", crop_offset="floor")),
+        dict(resize_mode="squash", crop_fraction=1.0, resize_size=224, interpolation="bicubic", crop_offset="floor"),
+        (224, 224)),
     "google/vit-base-patch16-224": (
         {"do_normalize": True, "do_resize": True, "feature_extractor_type": "ViTFeatureExtractor",
          "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2, "size": 224},
-        dict(resize_mode="squash", crop_fraction=1.0, interpolation="bilinear", crop_offset="floor")),
+        dict(resize_mode="squash", crop_fraction=1.0, resize_size=224, interpolation="bilinear", crop_offset="floor"),
+        (224, 224)),
     "facebook/deit-base-distilled-patch16-224": (
         {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
          "feature_extractor_type": "DeiTFeatureExtractor", "image_mean": IMAGENET_MEAN,
          "image_std": IMAGENET_STD, "resample": 3, "size": 256},
-        dict(resize_mode="squash", crop_fraction=0.875, interpolation="bicubic", crop_offset="floor")),
+        dict(resize_mode="squash", crop_fraction=0.875, resize_size=256, interpolation="bicubic",
+             crop_offset="floor"), (224, 224)),
 }
 TIMM_AUGREG = {"architecture": "vit_base_patch16_224", "num_classes": 21843, "pretrained_cfg": {
     "tag": "augreg_in21k", "input_size": [3, 224, 224], "fixed_input_size": True, "interpolation": "bicubic",
@@ -73,10 +79,11 @@ def build(weights, **kwargs):
 
 @pytest.mark.parametrize("repo", sorted(PROCESSORS))
 def test_processor_configs_of_the_family_are_read(tmp_path, repo):
-    processor, expected = PROCESSORS[repo]
+    processor, expected, size = PROCESSORS[repo]
     file = read_checkpoint(save_pretrained(tmp_path / "model", processor))
     assert file.preprocessing == {"image_mean": tuple(processor["image_mean"]),
                                   "image_std": tuple(processor["image_std"]), **expected}
+    assert file.declared_size == file.input_size == size
     assert file.preprocessing_source.endswith("preprocessor_config.json")
 
 
@@ -84,7 +91,9 @@ def test_timm_pretrained_cfg_is_read_and_the_processor_file_wins_over_it(tmp_pat
     folder = save_pretrained(tmp_path / "timm", config=TIMM_AUGREG, timm=True)
     file = read_checkpoint(folder)
     assert file.preprocessing == dict(image_mean=(0.5,) * 3, image_std=(0.5,) * 3, resize_mode="shortest_edge",
-                                      crop_fraction=0.9, interpolation="bicubic", crop_offset="round")
+                                      crop_fraction=0.9, resize_size=None, interpolation="bicubic",
+                                      crop_offset="round")
+    assert file.declared_size == (224, 224)  # pretrained_cfg's input_size
     assert file.preprocessing_source.endswith("config.json")
     (folder / "preprocessor_config.json").write_text(json.dumps(PROCESSORS["google/siglip-base-patch16-224"][0]))
     assert read_checkpoint(folder).preprocessing["crop_fraction"] == 1.0  # transformers' processor, not timm's 0.9
@@ -94,7 +103,8 @@ def test_no_declared_preprocessing_keeps_the_original_normalization(tmp_path):
     model = build(save_pretrained(tmp_path / "bare"))
     assert read_checkpoint(tmp_path / "bare").preprocessing is None
     assert model.vit_config.input_fields == dict(image_mean=(0.5,) * 3, image_std=(0.5,) * 3, resize_mode="squash",
-                                                 crop_fraction=1.0, interpolation="bilinear", crop_offset="floor")
+                                                 crop_fraction=1.0, resize_size=None, interpolation="bilinear",
+                                                 crop_offset="floor")
     layer = model.get_layer("preprocessing")
     assert (layer.scale, layer.offset) == (1 / 127.5, -1.0)  # the original's x / 127.5 - 1, as before
 
@@ -103,6 +113,10 @@ def test_no_declared_preprocessing_keeps_the_original_normalization(tmp_path):
     (dict(image_processor_type="BeitImageProcessor"), "unknown image processor type 'BeitImageProcessor'"),
     (dict(resample=4), r"resample=4 is not a resampling keras_vit reproduces.*3 \(bicubic\)"),
     (dict(image_std=[0.2, 0.0, 0.2]), "every standard deviation must be positive"),
+    (dict(image_std=[0.2, float("nan"), 0.2]), r"image_std=\[0.2, nan, 0.2\]; every value must be a finite number"),
+    (dict(image_mean=[0.5, float("inf"), 0.5]), r"image_mean=\[0.5, inf, 0.5\]; every value must be a finite"),
+    (dict(size={"shortest_edge": 0}), r"size\['shortest_edge'\]=0; expected a positive integer"),
+    (dict(crop_size=224.5), r"crop_size=224.5; expected a positive integer"),
     (dict(image_mean=[0.5, 0.5]), "expected 3 numbers, one per RGB channel"),
     (dict(size={"longest_edge": 256}), "size=.*is not a size keras_vit reproduces"),
     (dict(crop_size={"height": 300, "width": 300}), "crop_size 300 is larger than the resize size 256"),
@@ -116,18 +130,34 @@ def test_bad_processor_files_are_clear_errors_and_nothing_is_built(tmp_path, edi
     assert "preprocessor_config.json" in str(error.value)
 
 
+def test_an_unknown_processor_does_not_block_the_weights(tmp_path):
+    processor = {**PROCESSORS["facebook/dinov2-base"][0], "image_processor_type": "NewFamilyImageProcessorFast"}
+    folder = save_pretrained(tmp_path / "new", processor)
+    reference = build(save_pretrained(tmp_path / "known", PROCESSORS["facebook/dinov2-base"][0]),
+                      include_preprocessing=False)
+    model = build(folder, include_preprocessing=False)  # the weights alone: no processor needed
+    inputs = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(model.predict_on_batch(inputs), reference.predict_on_batch(inputs))
+    with pytest.raises(ValueError, match=r"unknown image processor type 'NewFamilyImageProcessorFast'.*"
+                                         r"include_preprocessing=False.*image_mean=\(0.5, 0.5, 0.5\)"):
+        build(folder)
+    given = build(folder, image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD)
+    assert given.vit_config.image_mean == tuple(IMAGENET_MEAN)
+
+
 def test_bad_timm_configs_are_clear_errors(tmp_path):
     for edit, match in ((dict(crop_mode="border"), "crop_mode='border'"), (dict(interpolation="random"),
                                                                           "interpolation='random'")):
         config = {**TIMM_AUGREG, "pretrained_cfg": {**TIMM_AUGREG["pretrained_cfg"], **edit}}
         folder = save_pretrained(tmp_path / edit.popitem()[0], config=config, timm=True)
+        assert re.search(match, read_checkpoint(folder).preprocessing_problem)
         with pytest.raises(ValueError, match=match):
-            read_checkpoint(folder)
+            build(folder)
     (tmp_path / "broken").mkdir()
     save_safetensors(hf_state_dict(), tmp_path / "broken" / "model.safetensors")
     (tmp_path / "broken" / "preprocessor_config.json").write_text("{not json")
     with pytest.raises(ValueError, match="Could not read .*preprocessor_config.json"):
-        read_checkpoint(tmp_path / "broken")
+        build(tmp_path / "broken", num_heads=3)
 
 
 def test_the_model_normalizes_with_the_checkpoints_mean_and_std(tmp_path):

@@ -12,7 +12,7 @@ import scipy.ndimage
 
 import keras
 import keras_vit
-from keras_vit.checkpoints import loader, resample, torch_layout
+from keras_vit.checkpoints import resample, torch_layout
 from tests.reference import TORCH_EPS, gelu_erf, released_from_torch, vit_logits
 from tests.testing import (TINY_VIT, hf_state_dict, needs, save_checkpoint, save_safetensors, timm_state_dict,
                            vit_checkpoint)
@@ -77,11 +77,18 @@ def test_unknown_method_and_bad_grid_are_errors():
 # --- the loader picks the file's source's method ---
 
 
-def test_each_layout_resamples_as_its_source():
-    methods = {layout: method for layout, (method, _) in loader._RESAMPLING.items()}
-    assert methods == {None: resample.LINEAR_CORNERS, torch_layout.TIMM: resample.BICUBIC_ANTIALIAS,
-                       torch_layout.HUGGING_FACE: resample.BICUBIC, torch_layout.HF_DINOV2: resample.BICUBIC,
-                       torch_layout.HF_CLIP: resample.BICUBIC, torch_layout.HF_SIGLIP: resample.BICUBIC}
+def test_each_model_class_resamples_as_its_source():
+    def method(layout, *keys):
+        return torch_layout.position_resampling(layout, ["embeddings.cls_token", *keys])
+
+    assert {layout: method(layout)[0] for layout in (torch_layout.TIMM, *torch_layout.HF_LAYOUTS)} == {
+        torch_layout.TIMM: resample.BICUBIC_ANTIALIAS, torch_layout.HUGGING_FACE: resample.BICUBIC,
+        torch_layout.HF_DINOV2: resample.BICUBIC, torch_layout.HF_CLIP: resample.BICUBIC,
+        torch_layout.HF_SIGLIP: resample.BICUBIC}
+    # transformers' Dinov2WithRegistersModel (4.48 to 5.24) resizes with antialias=True, Dinov2Model without.
+    for keys in (["embeddings.register_tokens"], ["dinov2.embeddings.register_tokens"]):
+        assert method(torch_layout.HF_DINOV2, *keys) == (resample.BICUBIC_ANTIALIAS,
+                                                          "transformers' Dinov2WithRegistersModel")
 
 
 def load_at(path, input_shape=(40, 24, 3)):

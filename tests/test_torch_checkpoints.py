@@ -3,9 +3,11 @@ NumPy reference on the source models' own layouts (tests/reference.py), all-or-n
 
 Checkpoints are written with NumPy and `safetensors.numpy`; no torch needed."""
 
+import json
 import math
 import os
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from keras_vit import kernels
 from keras_vit import layers as vit_layers
 import keras_vit.convert
 from keras_vit.cli import convert
-from keras_vit.checkpoints import resample
+from keras_vit.checkpoints import resample, torch_layout
 from tests.reference import (TORCH_EPS, gelu_erf, quick_gelu, released_from_torch, torch_logits,
                              vit_logits)
 from tests.testing import TINY_VIT, hf_state_dict, save_safetensors, timm_family_state_dict, timm_state_dict
@@ -278,3 +280,49 @@ def test_unknown_layout_lists_the_recognized_ones(tmp_path, random_model):
     path = save_safetensors({"encoder.weight": np.ones(3, "float32")}, tmp_path / "other.safetensors")
     load_fails(random_model, path, r"Not a timm or Hugging Face ViT state dict \(1 keys: 'encoder.weight'\)"
                                    r"(.|\n)*Recognized layouts: timm")
+
+
+def test_timm_config_states_the_heads_and_a_guess_is_said(tmp_path, monkeypatch):
+    """timm's `save_for_hf` writes `model_args` (and the entry point's name) into config.json: the heads are read
+    from it, checked against the weights, and only a file that states nothing gets the variant's guess, said once."""
+    from keras_vit import variants
+
+    # A variant whose shapes this file has, with another head count: the guess would fit, silently wrong.
+    monkeypatch.setitem(variants.VARIANTS, "Tiny/8", dict(patch_size=8, hidden_dim=48, mlp_dim=96, num_heads=3,
+                                                          num_layers=2))
+    inputs = np.random.default_rng(0).normal(size=(2, 32, 32, 3)).astype("float32")
+
+    def load(folder, **kwargs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = keras_vit.VisionTransformer(weights=str(folder), input_shape=(32, 32, 3), classes=10,
+                                                include_preprocessing=False, classifier_activation=None, **kwargs)
+        guesses = [str(w.message) for w in caught if "number of heads" in str(w.message)]
+        return model, guesses
+
+    def folder(name, config):
+        path = tmp_path / name
+        path.mkdir()
+        save_safetensors(timm_state_dict(), path / "model.safetensors")
+        if config is not None:
+            (path / "config.json").write_text(json.dumps(config))
+        return path
+
+    six_heads, _ = load(folder("given", None), num_heads=6)
+    expected = six_heads.predict_on_batch(inputs)
+    stated, guesses = load(folder("model_args", {"architecture": "vit_tiny_patch16_224", "model_args": {
+        "num_heads": 6, "depth": 2, "embed_dim": 48}}))
+    assert stated.vit_config.num_heads == 6 and guesses == []
+    np.testing.assert_array_equal(stated.predict_on_batch(inputs), expected)
+    guessed, guesses = load(folder("bare", None))
+    assert guessed.vit_config.num_heads == 3 and len(guesses) == 1 and "num_heads=3 is guessed" in guesses[0]
+    assert np.abs(guessed.predict_on_batch(inputs) - expected).max() > 1e-3  # the guess was wrong here
+    # The entry point's own heads, by its name and width (timm's vit_base_patch16_gap_224 has 16, not 12).
+    assert torch_layout.read_timm_config(str(folder("named", {"architecture": "vit_small_patch16_224.augreg"})
+                                             / "model.safetensors"), 384) == ({"num_heads": 6},
+                                                                              "timm's 'vit_small_patch16_224'")
+    assert torch_layout.read_timm_config(str(tmp_path / "named" / "model.safetensors"), 48) == ({}, None)
+    with pytest.raises(ValueError, match=r"config.json beside .* contradicts its weights: it says num_layers=12"):
+        load(folder("contradicts", {"architecture": "vit_tiny_patch16_224", "model_args": {"depth": 12}}))
+    with pytest.raises(ValueError, match=r"num_heads=3 contradicts the config.json"):
+        load(tmp_path / "model_args", num_heads=3)

@@ -24,14 +24,10 @@ from keras_vit.checkpoints.reader import KERAS_WEIGHTS, CheckpointFile, missing_
 
 _TOP_LAYERS = ("pre_logits", "head")
 _POSEMB_PATH = "posembed_input/pos_embedding"
-# How each file's source resizes its position embedding (`resample`'s docstring names the code), and the
-# warning's words for it. `.npz` (layout None): the original vit_jax loader.
-_AS_SOURCE = {resample.BICUBIC_ANTIALIAS: "bicubically with antialiasing, as timm does",
-              resample.BICUBIC: "bicubically, as transformers does"}
-_RESAMPLING = {
-    None: (resample.LINEAR_CORNERS, "as the original loader does"),
-    **{layout: (method, _AS_SOURCE[method]) for layout, method in torch_layout.POSITION_RESAMPLING.items()},
-}
+# The loader's words for each way a file's source resizes its position embedding (`CheckpointFile.
+# position_resampling`; `resample`'s docstring names the code).
+_HOW = {resample.LINEAR_CORNERS: "linearly", resample.BICUBIC_ANTIALIAS: "bicubically with antialiasing",
+        resample.BICUBIC: "bicubically"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,12 +197,13 @@ def _plan_safetensors(model: keras.Model, file: CheckpointFile) -> list[tuple[ke
     translation = torch_layout.translate(tensors, file.layout, num_heads)
     sources = torch_layout.weight_sources(file.layout, len(queries), torch_layout.hf_prefix(tensors))
     return plan_assignments(model, translation.arrays, origin=file.path, source_keys=translation.source_keys,
-                            weight_sources=sources, problems=translation.problems, layout=file.layout)
+                            weight_sources=sources, problems=translation.problems,
+                            resampling=file.position_resampling)
 
 
 def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: str = "checkpoint", *,
                      source_keys: dict[str, str] | None = None, weight_sources: dict[str, str] | None = None,
-                     problems: Sequence[str] = (), layout: str | None = None
+                     problems: Sequence[str] = (), resampling: str | None = None
                      ) -> list[tuple[keras.Variable, np.ndarray]]:
     """Matches every checkpoint array to a model weight; assigns nothing.
 
@@ -223,8 +220,8 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: 
         weight_sources: optional model weight path -> the translated file's key that would feed it,
             for messages about missing keys.
         problems: problems found before (e.g. in translation), listed with the others.
-        layout: str or None. The translated file's `torch_layout` layout, None for an `.npz` file: the
-            position embedding is resized the way that file's source does (`_RESAMPLING`).
+        resampling: (method, source): how the file's source resizes its position embedding (`resample.METHODS`),
+            and its name; None: the original loader's linear rule (`.npz` files).
 
     Returns:
         (variable, value) pairs to assign.
@@ -252,7 +249,8 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: 
 
     head_kept = _head_loads(variables, mapped)
     assignments, kept, resized = [], [], None
-    method, as_source = _RESAMPLING[layout]
+    method, source = resampling or (resample.LINEAR_CORNERS, None)
+    as_source = f"{_HOW[method]}, as {source} does" if source else "as the original loader does"
     for path, variable in variables.items():
         layer = path.split("/")[0]
         if path not in mapped or (layer == "head" and not head_kept):

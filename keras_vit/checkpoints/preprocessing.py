@@ -8,17 +8,22 @@ Two formats carry it:
 
 The rule, where both are present: `preprocessor_config.json` wins (it is the processor written for those
 weights; for CLIP and SigLIP the two disagree, timm cropping at 0.9 where transformers does not crop). Either is
-turned into the `ViTConfig` input fields: `image_mean`, `image_std` (on [0, 1] pixels), `resize_mode`
-(`"squash"`: both sides to the resize size; `"shortest_edge"`: the short side, keeping the aspect ratio),
-`crop_fraction` (centre crop / resize size, timm's `crop_pct`; 1 = no crop), `interpolation` and `crop_offset`
-(the crop's top-left corner: `"floor"`, `(resized - size) // 2` as transformers' `center_crop`; `"round"`, rounded
-half to even as torchvision's `CenterCrop`, which timm uses). The resize size follows from the model's input
-size, `floor(size / crop_fraction)`, as timm does, so a model built at another size keeps the checkpoint's
-proportions.
+turned into a `Declared` record: the `ViTConfig` input fields, `image_mean`, `image_std` (on [0, 1] pixels),
+`resize_mode` (`"squash"`: both sides to the resize size; `"shortest_edge"`: the short side, keeping the aspect
+ratio), `crop_fraction` (centre crop / resize size, timm's `crop_pct`; 1 = no crop), `resize_size` (the integer
+resize size a processor declares, kept as it is), `interpolation` and `crop_offset` (the crop's top-left corner:
+`"floor"`, `(resized - size) // 2` as transformers' `center_crop`; `"round"`, rounded half to even as
+torchvision's `CenterCrop`, which timm uses); and the image size the transform produces (the checkpoint's own
+input size). At that size the resize is the declared integer; at another size it is `floor(size /
+crop_fraction)`, as timm computes it, so a model built at another size keeps the checkpoint's proportions.
+
+Every value is checked where the file is read: means and standard deviations finite (std > 0), sizes positive
+integers; an error names the file, the key and the value.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -42,26 +47,45 @@ TIMM_INTERPOLATION = {"nearest": "nearest", "bilinear": "bilinear", "bicubic": "
 TIMM_CROP_MODES = {"center": "shortest_edge", "squash": "squash"}
 
 
-def read_preprocessing(weights_path: str) -> tuple[dict[str, Any], str] | None:
-    """The input fields the files beside `weights_path` declare, and the file they come from; None without any.
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """What the files beside a checkpoint declare about its input.
+
+    Attributes:
+        fields: the `ViTConfig` input fields (`variants.INPUT_FIELDS`).
+        source: the file they were read from.
+        image_size: (height, width) of the images the transform produces, the checkpoint's own input size: a
+            processor's crop (or its fixed resize), timm's `input_size`; None where the output size varies (a
+            shortest-edge resize without a crop).
+    """
+
+    fields: dict[str, Any]
+    source: str
+    image_size: tuple[int, int] | None
+
+
+def read_preprocessing(weights_path: str) -> Declared | None:
+    """What the files beside `weights_path` declare; None without any.
 
     Raises:
-        ValueError: an unreadable file, an unknown processor type, resample code, interpolation or crop mode, or
-            values keras_vit cannot reproduce (named, with the file).
+        ValueError: an unreadable file, an unknown processor type, resample code, interpolation or crop mode, a
+            mean or std that is not finite (or a std <= 0), a size that is not a positive integer, or values
+            keras_vit cannot reproduce (named, with the file and the key).
     """
     folder = os.path.dirname(os.path.abspath(weights_path))
     processor = os.path.join(folder, PREPROCESSOR_CONFIG)
     if os.path.isfile(processor):
-        return from_processor_config(_read_json(processor), processor), processor
+        return from_processor_config(read_json(processor), processor)
     timm_config = os.path.join(folder, TIMM_CONFIG)
     if os.path.isfile(timm_config):
-        config = _read_json(timm_config)
+        config = read_json(timm_config)
         if isinstance(config.get("pretrained_cfg"), dict):
-            return from_timm_config(config["pretrained_cfg"], timm_config), timm_config
+            return from_timm_config(config["pretrained_cfg"], timm_config)
     return None
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
+    """A JSON object from `path`; ValueError naming the file when it is unreadable or not an object."""
     try:
         with open(path, encoding="utf-8") as file:
             config = json.load(file)
@@ -72,8 +96,8 @@ def _read_json(path: str) -> dict:
     return config
 
 
-def from_processor_config(config: dict, origin: str) -> dict[str, Any]:
-    """The input fields of a transformers `preprocessor_config.json`."""
+def from_processor_config(config: dict, origin: str) -> Declared:
+    """What a transformers `preprocessor_config.json` declares."""
     kind = config.get("image_processor_type") or config.get("feature_extractor_type")
     kind_name = kind.removesuffix("Fast") if isinstance(kind, str) else kind
     if kind_name not in PROCESSOR_TYPES:
@@ -94,9 +118,8 @@ def from_processor_config(config: dict, origin: str) -> dict[str, Any]:
                          f"PIL codes: {', '.join(f'{code} ({name})' for code, name in PIL_RESAMPLE.items())}.")
     fields["interpolation"] = PIL_RESAMPLE[resample]
     mode, resize = _size(config.get("size", 224), PROCESSOR_TYPES[kind_name], "size", origin)
-    fields["resize_mode"] = mode
-    fields["crop_fraction"] = 1.0
-    fields["crop_offset"] = "floor"
+    fields.update(resize_mode=mode, crop_fraction=1.0, resize_size=resize[0], crop_offset="floor")
+    image_size = resize if mode == "squash" else None
     if config.get("do_center_crop", False) and config.get("crop_size") is not None:
         _, crop = _size(config["crop_size"], True, "crop_size", origin)
         if crop[0] != crop[1] or (mode == "squash" and resize[0] != resize[1]):
@@ -106,23 +129,37 @@ def from_processor_config(config: dict, origin: str) -> dict[str, Any]:
             raise ValueError(f"{origin!r}: crop_size {crop[0]} is larger than the resize size {resize[0]} (a padded "
                              "crop); keras_vit reproduces crops inside the image.")
         fields["crop_fraction"] = crop[0] / resize[0]
-    return fields
+        image_size = crop
+    elif mode == "squash" and resize[0] != resize[1]:
+        fields["resize_size"] = None  # both sides are the image size: floor(side / 1.0) gives them exactly
+    return Declared(fields, origin, image_size)
 
 
 def _size(size, default_to_square: bool, key: str, origin: str) -> tuple[str, tuple[int, int]]:
     """("squash" | "shortest_edge", (height, width)) of a processor's `size` / `crop_size` entry."""
-    if isinstance(size, int) and not isinstance(size, bool):
-        return ("squash", (size, size)) if default_to_square else ("shortest_edge", (size, size))
     if isinstance(size, dict) and set(size) == {"height", "width"}:
-        return "squash", (int(size["height"]), int(size["width"]))
+        return "squash", (_positive_int(size["height"], f"{key}['height']", origin),
+                          _positive_int(size["width"], f"{key}['width']", origin))
     if isinstance(size, dict) and set(size) == {"shortest_edge"}:
-        return "shortest_edge", (int(size["shortest_edge"]),) * 2
-    raise ValueError(f"{origin!r}: {key}={size!r} is not a size keras_vit reproduces. Expected an int, "
-                     "{'height': H, 'width': W} or {'shortest_edge': S}.")
+        return "shortest_edge", (_positive_int(size["shortest_edge"], f"{key}['shortest_edge']", origin),) * 2
+    if isinstance(size, dict) or isinstance(size, (list, tuple)):
+        raise ValueError(f"{origin!r}: {key}={size!r} is not a size keras_vit reproduces. Expected an int, "
+                         "{'height': H, 'width': W} or {'shortest_edge': S}.")
+    side = _positive_int(size, key, origin)
+    return ("squash", (side, side)) if default_to_square else ("shortest_edge", (side, side))
 
 
-def from_timm_config(config: dict, origin: str) -> dict[str, Any]:
-    """The input fields of timm's `pretrained_cfg` (in a hub `config.json`)."""
+def _positive_int(value, key: str, origin: str) -> int:
+    """`value` if it is a positive int (a float with an integer value, as JSON may hold it, is taken)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{origin!r}: {key}={value!r}; expected a positive integer number of pixels.")
+    return value
+
+
+def from_timm_config(config: dict, origin: str) -> Declared:
+    """What timm's `pretrained_cfg` (in a hub `config.json`) declares."""
     interpolation = config.get("interpolation", "bicubic")
     if interpolation not in TIMM_INTERPOLATION:
         raise ValueError(f"{origin!r}: interpolation={interpolation!r} is not one keras_vit reproduces. Supported: "
@@ -132,12 +169,20 @@ def from_timm_config(config: dict, origin: str) -> dict[str, Any]:
         raise ValueError(f"{origin!r}: crop_mode={crop_mode!r} is not one keras_vit reproduces. Supported: "
                          f"{', '.join(TIMM_CROP_MODES)}.")
     crop_pct = config.get("crop_pct", 0.875)
-    if not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
+    if isinstance(crop_pct, bool) or not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
         raise ValueError(f"{origin!r}: crop_pct={crop_pct!r}; expected a number in (0, 1].")
-    return {"image_mean": _channels(config.get("mean"), "mean", origin),
-            "image_std": _channels(config.get("std"), "std", origin),
-            "resize_mode": TIMM_CROP_MODES[crop_mode], "crop_fraction": float(crop_pct),
-            "interpolation": TIMM_INTERPOLATION[interpolation], "crop_offset": "round"}
+    input_size = config.get("input_size")
+    image_size = None
+    if input_size is not None:
+        if not isinstance(input_size, (list, tuple)) or len(input_size) != 3:
+            raise ValueError(f"{origin!r}: input_size={input_size!r}; expected [channels, height, width].")
+        image_size = tuple(_positive_int(side, "input_size", origin) for side in input_size[1:])
+    # timm's rule at every size: floor(size / crop_pct) in floating point (`resize_size` None).
+    fields = {"image_mean": _channels(config.get("mean"), "mean", origin),
+              "image_std": _channels(config.get("std"), "std", origin),
+              "resize_mode": TIMM_CROP_MODES[crop_mode], "crop_fraction": float(crop_pct), "resize_size": None,
+              "interpolation": TIMM_INTERPOLATION[interpolation], "crop_offset": "round"}
+    return Declared(fields, origin, image_size)
 
 
 def _channels(values, key: str, origin: str) -> tuple[float, float, float]:
@@ -146,6 +191,8 @@ def _channels(values, key: str, origin: str) -> tuple[float, float, float]:
     if not isinstance(values, (list, tuple)) or len(values) != 3 or \
             not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in values):
         raise ValueError(f"{origin!r}: {key}={values!r}; expected 3 numbers, one per RGB channel.")
+    if not all(math.isfinite(value) for value in values):
+        raise ValueError(f"{origin!r}: {key}={values!r}; every value must be a finite number.")
     if key in ("std", "image_std") and min(values) <= 0:
         raise ValueError(f"{origin!r}: {key}={values!r}; every standard deviation must be positive.")
     return tuple(float(value) for value in values)

@@ -28,10 +28,19 @@ class CheckpointFile:
             `.safetensors` file, `"keras"` for a `.weights.h5` file.
         shapes: `.npz`-layout key -> shape (empty for `.weights.h5`, which the loader leaves to Keras).
         header: the `.safetensors` header (tensor name -> dtype, shape, offsets), or None.
-        hf_config: what the Hugging Face `config.json` beside the file sets (numerics, `num_heads`), or None.
+        hf_config: what the Hugging Face `config.json` beside the file sets (numerics, `num_heads`, `image_size`),
+            or None.
+        timm_config: what timm's `config.json` beside the file states of the architecture (`num_heads`, from its
+            `model_args` or its entry point's name; the widths and depth `model_args` set), or None.
+        heads_source: where the number of heads comes from, for a file that does not store it (the config.json's
+            words), or None.
         preprocessing: the `ViTConfig` input fields (mean, std, resize, crop, interpolation) that a
             `preprocessor_config.json` or timm `config.json` beside the file declares, or None.
         preprocessing_source: the file `preprocessing` was read from, or None.
+        preprocessing_problem: why the declared preprocessing could not be read (an unknown processor, a value
+            keras_vit cannot reproduce), or None. The weights still load; a model that normalizes its input
+            (`include_preprocessing=True`) needs the input fields given by hand (`preprocessing_needed`).
+        declared_size: (height, width) of the images the declared transform produces, or None.
     """
 
     path: str
@@ -41,18 +50,52 @@ class CheckpointFile:
     hf_config: Mapping[str, Any] | None = None
     preprocessing: Mapping[str, Any] | None = None
     preprocessing_source: str | None = None
+    preprocessing_problem: str | None = None
+    declared_size: tuple[int, int] | None = None
+    timm_config: Mapping[str, Any] | None = None
+    heads_source: str | None = None
 
     @property
     def fixed(self) -> dict[str, Any]:
         """The `ViTConfig` fields the file's config.json fixes (a contradicting value is an error)."""
+        if self.layout == torch_layout.TIMM:
+            return dict(self.timm_config or {})
         if self.layout not in torch_layout.HF_LAYOUTS or self.hf_config is None:
             return {}
-        return {**torch_layout.NUMERICS[self.layout], **self.hf_config}
+        stated = {name: value for name, value in self.hf_config.items() if name in variants.OPTIONS}
+        return {**torch_layout.NUMERICS[self.layout], **stated}
+
+    @property
+    def input_size(self) -> tuple[int, int] | None:
+        """The checkpoint's own input size: the size its declared transform produces, else its config.json's
+        `image_size`, else the size its position table was trained at (None without any)."""
+        if self.declared_size is not None:
+            return tuple(self.declared_size)
+        side = (self.hf_config or {}).get("image_size") or self.image_size
+        return (side, side) if side else None
+
+    def heads_guessed(self, num_heads: int | None) -> bool:
+        """True where neither the file, its config.json nor `num_heads` gives the number of heads."""
+        return self.layout not in (None, KERAS_WEIGHTS) and num_heads is None and "num_heads" not in self.fixed
+
+    def preprocessing_needed(self, options: Mapping[str, Any]) -> None:
+        """Raises ValueError when the declared preprocessing is unreadable and `options` do not give the
+        normalization by hand (a model that takes pixels needs it)."""
+        if self.preprocessing_problem is None or all(options.get(name) is not None
+                                                     for name in ("image_mean", "image_std")):
+            return
+        raise ValueError(f"{self.preprocessing_problem} The weights load without it: build with "
+                         "include_preprocessing=False and normalize the input yourself, or give the input fields "
+                         "by hand, e.g. VisionTransformer(weights=..., image_mean=(0.5, 0.5, 0.5), image_std=(0.5, "
+                         "0.5, 0.5), resize_mode='shortest_edge', resize_size=256, crop_fraction=224 / 256, "
+                         "interpolation='bicubic') (image_mean and image_std are needed; on the command line, save "
+                         "that model as .keras and give --model).")
 
     @property
     def default_numerics(self) -> dict[str, Any]:
         """The numerics of the file's layout where its config.json does not fix them (empty for `.npz`)."""
-        if self.layout in (None, KERAS_WEIGHTS) or self.fixed:
+        hf_config_fixes = self.layout in torch_layout.HF_LAYOUTS and self.hf_config is not None  # (`fixed`)
+        if self.layout in (None, KERAS_WEIGHTS) or hf_config_fixes:
             return {}
         return dict(torch_layout.NUMERICS[self.layout])
 
@@ -68,10 +111,19 @@ class CheckpointFile:
             return {}
         found = self.architecture(num_heads)
         architecture = {name: found[name] for name in (*variants.ARCHITECTURE, "resnet_stages")}
-        resampling = torch_layout.POSITION_RESAMPLING.get(self.layout)
+        resampling = (self.position_resampling or (None,))[0]
         return {**self.default_numerics, **self.fixed, **architecture, "classifier": found["classifier"],
                 **found["options"], **(self.preprocessing or {}),
                 **({"position_resampling": resampling} if resampling else {})}
+
+    @property
+    def position_resampling(self) -> tuple[str, str] | None:
+        """(method, source) of how the file's source resizes its position table (`torch_layout.
+        position_resampling`); None for `.npz` (the original's linear rule, `ViTConfig`'s default) and `.weights.h5`
+        files."""
+        if self.layout in (None, KERAS_WEIGHTS):
+            return None
+        return torch_layout.position_resampling(self.layout, self.header or {})
 
     def check_agrees(self, given: Mapping[str, Any]) -> None:
         """Raises ValueError where a given field contradicts the file's config.json."""
@@ -139,23 +191,43 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
         raise missing_file(path)
     if path.endswith(".h5"):
         return CheckpointFile(path, KERAS_WEIGHTS, {})
-    declared, source = preprocessing.read_preprocessing(path) or (None, None)
+    declared = _declared_input(path)
     if not path.endswith(".safetensors"):
-        return CheckpointFile(path, None, npz.read_npz_shapes(path), preprocessing=declared,
-                              preprocessing_source=source)
+        return CheckpointFile(path, None, npz.read_npz_shapes(path), **declared)
     header = safetensors_file.read_header(path)
     shapes = {name: info.shape for name, info in header.items()}
     layout = torch_layout.detect_layout(shapes)
     torch_layout.check_supported(shapes, layout, origin=path)
-    hf_config = torch_layout.read_hf_config(path) if layout in torch_layout.HF_LAYOUTS else None
-    file = CheckpointFile(path, layout, torch_layout.npz_shapes(shapes, layout), header, hf_config, declared, source)
+    npz_shapes = torch_layout.npz_shapes(shapes, layout)
+    hf_config = torch_layout.read_hf_config(path, layout) if layout in torch_layout.HF_LAYOUTS else None
+    timm_config, heads_source = None, None
+    if layout == torch_layout.TIMM and "embedding/kernel" in npz_shapes:
+        timm_config, heads_source = torch_layout.read_timm_config(path, npz_shapes["embedding/kernel"][-1])
+    elif hf_config and "num_heads" in hf_config:
+        heads_source = "config.json"
+    file = CheckpointFile(path, layout, npz_shapes, header, hf_config, timm_config=timm_config,
+                          heads_source=heads_source, **declared)
     _check_config_matches_weights(file)
     return file
 
 
+def _declared_input(path: str) -> dict[str, Any]:
+    """The `CheckpointFile` fields of the preprocessing declared beside `path`; a file keras_vit cannot read or
+    reproduce is kept as `preprocessing_problem`, for the models that need it."""
+    try:
+        declared = preprocessing.read_preprocessing(path)
+    except ValueError as error:
+        return dict(preprocessing_problem=str(error))
+    if declared is None:
+        return {}
+    return dict(preprocessing=declared.fields, preprocessing_source=declared.source,
+                declared_size=declared.image_size)
+
+
 def _check_config_matches_weights(file: CheckpointFile) -> None:
     """Raises ValueError where the config.json beside a file describes another architecture than its weights."""
-    declared_fields = {field: (file.hf_config or {}).get(field) for field in torch_layout.HF_ARCHITECTURE.values()}
+    stated = file.fixed
+    declared_fields = {field: stated.get(field) for field in torch_layout.HF_ARCHITECTURE.values()}
     if not any(value is not None for value in declared_fields.values()):
         return
     try:

@@ -129,38 +129,107 @@ HF_ARCHITECTURE = {"hidden_size": "hidden_dim", "intermediate_size": "mlp_dim", 
                    "patch_size": "patch_size"}
 
 
-def read_hf_config(path: str) -> dict | None:
+def read_hf_config(path: str, layout: str | None = None) -> dict | None:
     """The numerics and number of heads of the Hugging Face `config.json` beside a weights file, or None.
 
-    Returns `layer_norm_epsilon`, `activation`, `gelu_approximate`, `num_heads` and the architecture fields of
-    `HF_ARCHITECTURE` for the keys the file sets (a `CLIPModel` / `SiglipModel` config: those of its
-    `vision_config`).
+    Returns `layer_norm_epsilon`, `activation`, `gelu_approximate`, `num_heads`, the architecture fields of
+    `HF_ARCHITECTURE` and `image_size` (the model's input side, not a `ViTConfig` field) for the keys the file sets
+    (a `CLIPModel` / `SiglipModel` config: those of its `vision_config`). For `layout` DINOv2, the MLP width is
+    `mlp_ratio` times the width, as `Dinov2Config` builds it.
 
     Raises:
         ValueError: an unreadable file, or a `hidden_act` keras_vit does not implement.
     """
-    config_path = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
-    if not os.path.isfile(config_path):
+    config = _config_beside(path)
+    if config is None:
         return None
-    try:
-        with open(config_path, encoding="utf-8") as file:
-            config = json.load(file)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"Could not read the Hugging Face config {config_path!r} beside {path!r}: {error}") from None
     config = config.get("vision_config", config)
     found = {}
     if "layer_norm_eps" in config:
         found["layer_norm_epsilon"] = float(config["layer_norm_eps"])
     if "hidden_act" in config:
         if config["hidden_act"] not in HIDDEN_ACTIVATIONS:
-            raise ValueError(f"{config_path!r}: hidden_act={config['hidden_act']!r} is not implemented by keras_vit. "
-                             f"Supported: {sorted(HIDDEN_ACTIVATIONS)}.")
+            raise ValueError(f"{_config_path(path)!r}: hidden_act={config['hidden_act']!r} is not implemented by "
+                             f"keras_vit. Supported: {sorted(HIDDEN_ACTIVATIONS)}.")
         found.update(HIDDEN_ACTIVATIONS[config["hidden_act"]])
     if "num_attention_heads" in config:
         found["num_heads"] = int(config["num_attention_heads"])
     found.update({field: int(config[key]) for key, field in HF_ARCHITECTURE.items()
                   if isinstance(config.get(key), int)})
+    if layout == HF_DINOV2:  # Dinov2Config has no intermediate_size: its MLP is mlp_ratio (4) times the width
+        found.pop("mlp_dim", None)
+        if isinstance(config.get("hidden_size"), int) and isinstance(config.get("mlp_ratio", 4), (int, float)):
+            found["mlp_dim"] = int(config["hidden_size"] * config.get("mlp_ratio", 4))
+    size = config.get("image_size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        found["image_size"] = size
     return found
+
+
+# timm's config.json (`save_for_hf`): `model_args` keys that describe what the weights' shapes also say.
+TIMM_ARCHITECTURE = {"embed_dim": "hidden_dim", "depth": "num_layers", "patch_size": "patch_size"}
+# The number of heads of timm's ViT entry points (timm/models/vision_transformer.py, deit.py; timm 1.0.31) by the
+# size word of their name (`vit_<size>_patch...`, `deit3_<size>_...`) and width; `model_args` state it only where
+# it was given. The exceptions to their size word's rule are listed by name.
+TIMM_HEADS = {"tiny": {192: 3}, "small": {384: 6}, "medium": {512: 8}, "base": {768: 12}, "large": {1024: 16},
+              "huge": {1280: 16}, "giant": {1408: 16, 1536: 24}, "gigantic": {1664: 16}, "so400m": {1152: 16},
+              "so150m": {896: 14}}
+TIMM_HEADS_BY_NAME = {"vit_base_patch16_gap_224": 16}
+
+
+def read_timm_config(path: str, hidden_dim: int) -> tuple[dict, str | None]:
+    """What timm's `config.json` beside a weights file states of the architecture, and where the heads come from.
+
+    Returns:
+        ({`num_heads`, and the `TIMM_ARCHITECTURE` fields `model_args` sets}, a phrase naming the heads' source, or
+        None where nothing states them): `model_args["num_heads"]`, else the entry point's own, from its name
+        (`architecture`) and the weights' width `hidden_dim`.
+    """
+    config = _config_beside(path)
+    if config is None or not isinstance(config.get("model_args", {}), dict):
+        return {}, None
+    model_args = config.get("model_args", {})
+    found = {field: model_args[key] for key, field in TIMM_ARCHITECTURE.items()
+             if isinstance(model_args.get(key), int) and not isinstance(model_args.get(key), bool)}
+    heads = model_args.get("num_heads")
+    if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0:
+        return dict(found, num_heads=heads), "model_args"
+    name = config.get("architecture")
+    name = name.split(".")[0] if isinstance(name, str) else ""
+    size = re.match(r"(?:vit|deit3?)_([a-z0-9]+)_", name)
+    heads = TIMM_HEADS_BY_NAME.get(name) or (TIMM_HEADS.get(size.group(1), {}).get(hidden_dim) if size else None)
+    if heads is None:
+        return found, None
+    return dict(found, num_heads=heads), f"timm's {name!r}"
+
+
+def _config_path(path: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
+
+
+def _config_beside(path: str) -> dict | None:
+    """The `config.json` beside a weights file as a dict, or None without one; ValueError when unreadable."""
+    config_path = _config_path(path)
+    if not os.path.isfile(config_path):
+        return None
+    try:
+        with open(config_path, encoding="utf-8") as file:
+            config = json.load(file)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"Could not read the config {config_path!r} beside {path!r}: {error}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path!r}: expected a JSON object, found {type(config).__name__}.")
+    return config
+
+
+def position_resampling(layout: str, keys) -> tuple[str, str]:
+    """How the source of a file of this layout resizes its position table (`resample.METHODS`), and that source's
+    name: timm with antialiasing; transformers bicubically, except `Dinov2WithRegistersModel`, which adds
+    antialiasing (transformers 4.48 to 5.24 alike; its files are the DINOv2 layout with
+    `embeddings.register_tokens`)."""
+    if layout == HF_DINOV2 and "embeddings.register_tokens" in _plain_keys(keys):
+        return resample.BICUBIC_ANTIALIAS, "transformers' Dinov2WithRegistersModel"
+    return POSITION_RESAMPLING[layout], "timm" if layout == TIMM else "transformers"
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,8 +25,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pooling", choices=("token", "avg", "map"),
                         help="build without the head, returning this pooled embedding (default: with the head; "
                              "weights without one pool as their model does)")
-    parser.add_argument("--image-size", type=int, nargs="+", default=[224], metavar="SIZE",
-                        help="input size for --variant: one value (square) or height width (default: 224)")
+    parser.add_argument("--image-size", type=int, nargs="+", metavar="SIZE",
+                        help="input size: one value (square) or height width (default: the size the files of "
+                             "--weights declare, its processor's crop or timm's input_size, else the size its "
+                             "position table was trained at; 224 for --variant without a weights file)")
     parser.add_argument("--classes", type=int,
                         help="classes of --variant's head (default: the head of --weights, else 1000)")
 
@@ -47,10 +49,13 @@ def model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         parser.error("one of --model, --variant or --weights is required.")
     from keras_vit import model_files
 
-    height, width = image_size(parser, args.image_size)
+    if args.model and args.image_size:
+        parser.error("--image-size builds a --variant or --weights; a .keras model keeps the input shape it was built "
+                     "with.")
+    if input_shape is None and args.image_size:
+        input_shape = (*image_size(parser, args.image_size), 3)
     return model_files.load_or_build(args.model, variant=args.variant, weights=args.weights,
-                                     input_shape=input_shape or (height, width, 3), classes=args.classes,
-                                     pooling=args.pooling)
+                                     input_shape=input_shape, classes=args.classes, pooling=args.pooling)
 
 
 def load_image(path: str, height: int, width: int, channels: int) -> np.ndarray:

@@ -1,0 +1,240 @@
+"""Makes tests/data/families/: small random checkpoints of each family, saved by the source libraries themselves
+(transformers' `save_pretrained`, timm's `save_for_hf`), none at 224 px, each with a processor away from its
+defaults, and what those libraries compute from them (reference.npz), for tests/test_family_files.py.
+
+Run once, where torch, transformers and timm are installed (not needed by the tests):
+
+    pip install torch==2.13.0 "transformers==4.57.*" timm==1.0.31 pillow safetensors
+    python -m tests.data.make_family_files
+
+Made with torch 2.13.0 (CPU), transformers 4.57.6, timm 1.0.31 (through benchmarks.torchvision_stub: no CPU
+torchvision installs beside that torch), Pillow 12. sizes.json holds transformers' resize sizes
+(`transformers_resize_sizes`). Each folder's reference.npz holds:
+- `pixels`: the processor's output for photo.jpg before normalization (uint8, NHWC: PIL resizes in uint8);
+- `output`: the model's output on the processor's normalized output (logits, or the pooled embedding of a
+  headless tower);
+- `size_<i>`, `outputs_<i>`: two other input sizes and the model's outputs on `random_inputs(name, i)` at them
+  (transformers: `interpolate_pos_encoding=True`; timm: `dynamic_img_size=True`), which show how each model class
+  resizes its position table.
+transformers' slow (PIL) processors compute `pixels`; timm's evaluation transform (`resolve_data_config` +
+`create_transform`, which needs torchvision) is computed here by its documented arithmetic: PIL resize of the
+short side to floor(size / crop_pct), torchvision's CenterCrop (offsets rounded), ToTensor, Normalize.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+
+import numpy as np
+from PIL import Image
+
+# torch, transformers and timm are imported where used: the tests import this module for its names alone.
+FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "families")
+PHOTO = os.path.join(FOLDER, "photo.jpg")
+TINY = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+TINY_DINOV2 = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2)  # no intermediate_size
+MEAN, STD = [0.45, 0.4, 0.55], [0.2, 0.25, 0.3]  # away from every family's defaults
+
+
+def photo() -> Image.Image:
+    """A smooth 300x500 test picture (not square: the shortest-edge rules matter), saved as a JPEG."""
+    y, x = np.mgrid[0:300, 0:500] / 100.0
+    image = np.stack([128 + 90 * np.sin(x + y), 128 + 90 * np.cos(1.3 * x - y), 128 + 80 * np.sin(2.1 * y)], -1)
+    os.makedirs(FOLDER, exist_ok=True)
+    Image.fromarray(image.round().astype(np.uint8)).save(PHOTO, quality=92)
+    return Image.open(PHOTO).convert("RGB")
+
+
+def nhwc(tensor) -> np.ndarray:
+    return np.asarray(tensor, np.float32).transpose(0, 2, 3, 1)
+
+
+def random_inputs(name: str, index: int, size) -> np.ndarray:
+    """The normalized (1, height, width, 3) inputs of the folder's `index`-th extra size (the tests make the same)."""
+    seed = sum(name.encode()) * 10 + index
+    return np.random.default_rng(seed).normal(size=(1, *size, 3)).astype(np.float32)
+
+
+def save_reference(folder: str, pixels: np.ndarray, pixel_values: np.ndarray, output: np.ndarray,
+                   extra: list[tuple[tuple[int, int], np.ndarray]], meta: dict) -> None:
+    assert np.array_equal(pixels, pixels.round()) and pixels.min() >= 0 and pixels.max() <= 255
+    normalized = (pixels / np.float32(255) - np.float32(MEAN)) / np.float32(STD)
+    assert np.abs(normalized - pixel_values).max() < 1e-5  # the processor's normalization, as the tests redo it
+    arrays = dict(pixels=pixels.astype(np.uint8), output=output.astype(np.float32))
+    for i, (size, outputs) in enumerate(extra):
+        arrays.update({f"size_{i}": np.asarray(size), f"outputs_{i}": outputs.astype(np.float32)})
+    np.savez_compressed(os.path.join(folder, "reference.npz"), **arrays)
+    with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as file:
+        json.dump(meta, file, indent=1, sort_keys=True)
+
+
+# --- transformers ---
+
+def hf_case(name: str, model, processor, image: Image.Image, sizes, output: str, meta: dict) -> None:
+    import torch
+
+    folder = os.path.join(FOLDER, name)
+    shutil.rmtree(folder, ignore_errors=True)
+    model.eval()
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    for extra in ("model.safetensors.index.json", "generation_config.json"):
+        assert not os.path.exists(os.path.join(folder, extra))
+    raw = processor(image, do_normalize=False, do_rescale=False, return_tensors="np")["pixel_values"]
+    values = processor(image, return_tensors="pt")["pixel_values"]
+
+    def run(inputs, interpolate=False):
+        with torch.no_grad():
+            kwargs = {"interpolate_pos_encoding": True} if interpolate else {}
+            result = model(pixel_values=inputs, **kwargs)
+        return getattr(result, output).numpy()
+
+    extra = []
+    for index, size in enumerate(sizes):
+        inputs = torch.from_numpy(random_inputs(name, index, size).transpose(0, 3, 1, 2).copy())
+        extra.append((size, run(inputs, interpolate=True)))
+    save_reference(folder, nhwc(raw), nhwc(values), run(values), extra, dict(meta, source="transformers",
+                                                                              output=output))
+
+
+def transformers_cases(image: Image.Image) -> None:
+    import torch
+    from transformers import (BitImageProcessor, CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel,
+                              DeiTConfig, DeiTForImageClassificationWithTeacher, DeiTImageProcessor, Dinov2Config,
+                              Dinov2Model, Dinov2WithRegistersConfig, Dinov2WithRegistersModel,
+                              SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel, ViTConfig,
+                              ViTForImageClassification, ViTImageProcessor)
+
+    torch.manual_seed(0)
+    bicubic, bilinear = 3, 2
+    # ViT at 256 px, squashed bilinearly to 256.
+    hf_case("hf_vit_256", ViTForImageClassification(ViTConfig(**TINY, image_size=256, patch_size=32, num_labels=5)),
+            ViTImageProcessor(size={"height": 256, "width": 256}, image_mean=MEAN, image_std=STD, resample=bilinear),
+            image, [(256, 192), (320, 320)], "logits", dict(native_size=[256, 256], family="vit"))
+    # DeiT distilled at 384 px: squash to 438, crop 384 (DeiT's 256 -> 224 proportion).
+    hf_case("hf_deit_384", DeiTForImageClassificationWithTeacher(
+        DeiTConfig(**TINY, image_size=384, patch_size=48, num_labels=5)),
+        DeiTImageProcessor(size={"height": 438, "width": 438}, crop_size={"height": 384, "width": 384},
+                           image_mean=MEAN, image_std=STD, resample=bicubic),
+        image, [(336, 240), (480, 480)], "logits", dict(native_size=[384, 384], family="deit"))
+    # DINOv2: a table at 256 px, served at the processor's crop 224 of a 400 short side (where floor(224 / (224 /
+    # 400)) is 399).
+    hf_case("hf_dinov2_224", Dinov2Model(Dinov2Config(**TINY_DINOV2, image_size=256, patch_size=32,
+                                                       layerscale_value=0.5)),
+            BitImageProcessor(size={"shortest_edge": 400}, crop_size={"height": 224, "width": 224},
+                              image_mean=MEAN, image_std=STD, resample=bicubic),
+            image, [(256, 192), (320, 320)], "pooler_output", dict(native_size=[224, 224], family="dinov2"))
+    # DINOv2 with registers: resized with antialiasing by transformers.
+    hf_case("hf_dinov2_registers_256", Dinov2WithRegistersModel(Dinov2WithRegistersConfig(
+        **TINY_DINOV2, image_size=256, patch_size=32, num_register_tokens=4, layerscale_value=0.5)),
+        BitImageProcessor(size={"shortest_edge": 292}, crop_size={"height": 256, "width": 256},
+                          image_mean=MEAN, image_std=STD, resample=bicubic),
+        image, [(256, 192), (320, 320)], "pooler_output", dict(native_size=[256, 256], family="dinov2_registers"))
+    # CLIP at 336 px: short side 375 (floor(336 / (336 / 375)) is 374), crop 336.
+    hf_case("hf_clip_336", CLIPVisionModel(CLIPVisionConfig(**TINY, image_size=336, patch_size=48)),
+            CLIPImageProcessor(size={"shortest_edge": 375}, crop_size={"height": 336, "width": 336},
+                               image_mean=MEAN, image_std=STD, resample=bicubic),
+            image, [(336, 240), (432, 432)], "pooler_output", dict(native_size=[336, 336], family="clip"))
+    # SigLIP at 256 px (the bug report's tower): squash to 256.
+    hf_case("hf_siglip_256", SiglipVisionModel(SiglipVisionConfig(**TINY, image_size=256, patch_size=32)),
+            SiglipImageProcessor(size={"height": 256, "width": 256}, image_mean=MEAN, image_std=STD,
+                                 resample=bicubic),
+            image, [(256, 192), (320, 320)], "pooler_output", dict(native_size=[256, 256], family="siglip"))
+
+
+# --- timm ---
+
+def timm_transform(image: Image.Image, size: int, crop_pct: float, interpolation: int) -> np.ndarray:
+    """timm's evaluation transform, in [0, 255]: Resize(floor(size / crop_pct)) of the short side (torchvision:
+    the long side int(short * long / short_in)), CenterCrop(size) with torchvision's rounded offsets."""
+    short = math.floor(size / crop_pct)
+    width, height = image.size
+    if width <= height:
+        new = (short, int(short * height / width))
+    else:
+        new = (int(short * width / height), short)
+    resized = np.asarray(image.resize(new, interpolation), np.float32)
+    top = int(round((resized.shape[0] - size) / 2.0))
+    left = int(round((resized.shape[1] - size) / 2.0))
+    return resized[None, top:top + size, left:left + size]
+
+
+def timm_case(name: str, timm, image: Image.Image, model_args: dict, size: int, crop_pct: float, sizes,
+              meta: dict) -> None:
+    import torch
+    from timm.models._hub import save_for_hf
+
+    folder = os.path.join(FOLDER, name)
+    shutil.rmtree(folder, ignore_errors=True)
+    torch.manual_seed(0)
+    model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=size, dynamic_img_size=True,
+                              **model_args).eval()
+    with torch.no_grad():  # random, not zero, heads and tokens
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.2)
+    model.pretrained_cfg = dict(model.pretrained_cfg, mean=tuple(MEAN), std=tuple(STD), crop_pct=crop_pct,
+                                interpolation="bilinear", input_size=(3, size, size))
+    save_for_hf(model, folder, safe_serialization=True)
+    pixels = timm_transform(image, size, crop_pct, Image.BILINEAR)
+    values = (pixels / 255 - np.asarray(MEAN, np.float32)) / np.asarray(STD, np.float32)
+
+    def run(inputs):
+        with torch.no_grad():
+            return model(torch.from_numpy(inputs.transpose(0, 3, 1, 2).copy())).numpy()
+
+    extra = [(size, run(random_inputs(name, index, size))) for index, size in enumerate(sizes)]
+    save_reference(folder, pixels, values, run(values), extra, dict(meta, source="timm", native_size=[size, size]))
+
+
+def timm_cases(image: Image.Image) -> None:
+    from benchmarks.torchvision_stub import import_timm
+
+    timm, _ = import_timm()
+    tiny = dict(embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0)
+    timm_case("timm_vit_256", timm, image, dict(tiny, patch_size=32, num_classes=5), 256, 0.95,
+              [(256, 192), (320, 320)], dict(family="vit"))
+    timm_case("timm_dinov2_252", timm, image, dict(tiny, patch_size=28, num_classes=0, reg_tokens=4,
+                                                   init_values=0.5, no_embed_class=True), 252, 1.0,
+              [(224, 168), (308, 308)], dict(family="dinov2_registers"))
+    timm_case("timm_siglip_384", timm, image, dict(tiny, patch_size=48, num_classes=0, class_token=False,
+                                                   global_pool="map"), 384, 1.0,
+              [(336, 240), (480, 480)], dict(family="siglip"))
+
+
+CROPS = (224, 256, 336, 384, 448, 518)
+IMAGE_SHAPES = ((300, 500), (640, 427), (333, 333))
+
+
+def transformers_resize_sizes() -> None:
+    """sizes.json: for each crop in `CROPS`, shortest edge 160-640 (at least the crop) and image shape in
+    `IMAGE_SHAPES`, the (height, width) transformers' `get_resize_output_image_size` resizes to (what every
+    shortest-edge processor of the family calls)."""
+    from transformers.image_transforms import get_resize_output_image_size
+
+    table = {}
+    for crop in CROPS:
+        for edge in range(max(160, crop), 641):
+            for height, width in IMAGE_SHAPES:
+                image = np.zeros((height, width, 3), np.uint8)
+                size = get_resize_output_image_size(image, size=edge, default_to_square=False,
+                                                    input_data_format="channels_last")
+                table.setdefault(str(crop), {}).setdefault(str(edge), []).append([height, width, *size])
+    with open(os.path.join(FOLDER, "sizes.json"), "w", encoding="utf-8") as file:
+        json.dump(table, file, separators=(",", ":"))
+
+
+def main() -> None:
+    image = photo()
+    transformers_cases(image)
+    timm_cases(image)
+    transformers_resize_sizes()
+    for root, _, files in sorted(os.walk(FOLDER)):
+        for name in sorted(files):
+            print(f"{os.path.getsize(os.path.join(root, name)):>9,}  {os.path.relpath(os.path.join(root, name))}")
+
+
+if __name__ == "__main__":
+    main()
