@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import keras
 import keras_vit
 from keras_vit import model_files
+from keras_vit.features import features_model
 from keras_vit.checkpoints.reader import read_checkpoint
 from tests.data.make_family_files import FOLDER, PHOTO, random_inputs
 
@@ -65,16 +67,27 @@ def test_built_at_the_files_own_size_with_its_own_transform(name):
     assert tuple(tool_model.input_shape[1:3]) == tuple(meta["native_size"])
 
 
+def patch_tokens(model) -> keras.Model:
+    """The model's patch tokens after its final norm."""
+    return features_model(model, [-1], output="tokens", norm=True)
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_position_table_resized_as_the_model_class_does(name):
+    """At two other sizes, the outputs and the patch tokens (which show a table's resize rule ~100x more than a
+    pooled output) of a model built at that size (the loader resizes the table) and of one of any size (the layer
+    does) agree with the source library's (transformers' `interpolate_pos_encoding`, timm's dynamic size)."""
     folder, meta, reference = case(name)
     any_size = build(folder, input_shape=(None, None, 3), include_preprocessing=False)
     for index in range(2):
         size = tuple(int(side) for side in reference[f"size_{index}"])
         inputs = random_inputs(name, index, size)
-        fixed = build(folder, input_shape=(*size, 3), include_preprocessing=False)  # resized by the loader
-        assert_agrees(fixed.predict_on_batch(inputs), reference[f"outputs_{index}"], f"{name} at {size}")
-        assert_agrees(any_size.predict_on_batch(inputs), reference[f"outputs_{index}"], f"{name} at {size}, any")
+        fixed = build(folder, input_shape=(*size, 3), include_preprocessing=False)
+        for model, how in ((fixed, "built at that size"), (any_size, "of any size")):
+            what = f"{name} at {size}, {how}"
+            assert_agrees(model.predict_on_batch(inputs), reference[f"outputs_{index}"], what)
+            tokens = patch_tokens(model).predict_on_batch(inputs)[f"block_{model.vit_config.num_layers - 1}"]
+            assert_agrees(tokens, reference[f"patch_tokens_{index}"], f"{what}: patch tokens")
 
 
 @pytest.mark.slow

@@ -13,9 +13,9 @@ torchvision installs beside that torch), Pillow 12. sizes.json holds transformer
 - `pixels`: the processor's output for photo.jpg before normalization (uint8, NHWC: PIL resizes in uint8);
 - `output`: the model's output on the processor's normalized output (logits, or the pooled embedding of a
   headless tower);
-- `size_<i>`, `outputs_<i>`: two other input sizes and the model's outputs on `random_inputs(name, i)` at them
-  (transformers: `interpolate_pos_encoding=True`; timm: `dynamic_img_size=True`), which show how each model class
-  resizes its position table.
+- `size_<i>`, `outputs_<i>`, `patch_tokens_<i>`: two other input sizes, and the model's outputs and its patch
+  tokens after the final norm on `random_inputs(name, i)` at them (transformers: `interpolate_pos_encoding=True`;
+  timm: `dynamic_img_size=True`), which show how each model class resizes its position table.
 transformers' slow (PIL) processors compute `pixels`; timm's evaluation transform (`resolve_data_config` +
 `create_transform`, which needs torchvision) is computed here by its documented arithmetic: PIL resize of the
 short side to floor(size / crop_pct), torchvision's CenterCrop (offsets rounded), ToTensor, Normalize.
@@ -48,6 +48,16 @@ def photo() -> Image.Image:
     return Image.open(PHOTO).convert("RGB")
 
 
+def loud_table(parameter) -> None:
+    """A position table as large as the patch embeddings' outputs (initializers make it ~50x smaller), so that the
+    outputs at other sizes show how it was resized: one class's rule against another's moves them by ~1e-3, not
+    ~1e-5."""
+    import torch
+
+    with torch.no_grad():
+        parameter.normal_(0, 5.0)
+
+
 def nhwc(tensor) -> np.ndarray:
     return np.asarray(tensor, np.float32).transpose(0, 2, 3, 1)
 
@@ -59,13 +69,14 @@ def random_inputs(name: str, index: int, size) -> np.ndarray:
 
 
 def save_reference(folder: str, pixels: np.ndarray, pixel_values: np.ndarray, output: np.ndarray,
-                   extra: list[tuple[tuple[int, int], np.ndarray]], meta: dict) -> None:
+                   extra: list[tuple[tuple[int, int], np.ndarray, np.ndarray]], meta: dict) -> None:
     assert np.array_equal(pixels, pixels.round()) and pixels.min() >= 0 and pixels.max() <= 255
     normalized = (pixels / np.float32(255) - np.float32(MEAN)) / np.float32(STD)
     assert np.abs(normalized - pixel_values).max() < 1e-5  # the processor's normalization, as the tests redo it
     arrays = dict(pixels=pixels.astype(np.uint8), output=output.astype(np.float32))
-    for i, (size, outputs) in enumerate(extra):
-        arrays.update({f"size_{i}": np.asarray(size), f"outputs_{i}": outputs.astype(np.float32)})
+    for i, (size, outputs, patch_tokens) in enumerate(extra):
+        arrays.update({f"size_{i}": np.asarray(size), f"outputs_{i}": outputs.astype(np.float32),
+                       f"patch_tokens_{i}": patch_tokens.astype(np.float32)})
     np.savez_compressed(os.path.join(folder, "reference.npz"), **arrays)
     with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as file:
         json.dump(meta, file, indent=1, sort_keys=True)
@@ -73,12 +84,33 @@ def save_reference(folder: str, pixels: np.ndarray, pixel_values: np.ndarray, ou
 
 # --- transformers ---
 
+def hf_patch_tokens(model, inputs) -> np.ndarray:
+    """The patch tokens after the model's final norm (its `last_hidden_state` past the prefix tokens; CLIP's
+    through `post_layernorm`, which its `last_hidden_state` has not had), at any input size."""
+    import torch
+
+    backbone = next((getattr(model, name) for name in ("vit", "deit", "vision_model") if hasattr(model, name)),
+                    model)
+    with torch.no_grad():
+        tokens = backbone(pixel_values=inputs, interpolate_pos_encoding=True).last_hidden_state
+        if "CLIP" in type(model).__name__:
+            tokens = backbone.post_layernorm(tokens)
+    kind = type(model).__name__
+    prefix = ("Siglip" not in kind) + ("DeiT" in kind) + getattr(model.config, "num_register_tokens", 0)
+    return tokens[:, prefix:].numpy()
+
+
 def hf_case(name: str, model, processor, image: Image.Image, sizes, output: str, meta: dict) -> None:
     import torch
 
     folder = os.path.join(FOLDER, name)
     shutil.rmtree(folder, ignore_errors=True)
     model.eval()
+    with torch.no_grad():  # weights of one scale (transformers initializes most at 0.02: near-uniform attention)
+        for key, parameter in model.named_parameters():
+            parameter.normal_(0, 0.2)
+            if "position_embedding" in key:
+                loud_table(parameter)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     for extra in ("model.safetensors.index.json", "generation_config.json"):
@@ -95,7 +127,7 @@ def hf_case(name: str, model, processor, image: Image.Image, sizes, output: str,
     extra = []
     for index, size in enumerate(sizes):
         inputs = torch.from_numpy(random_inputs(name, index, size).transpose(0, 3, 1, 2).copy())
-        extra.append((size, run(inputs, interpolate=True)))
+        extra.append((size, run(inputs, interpolate=True), hf_patch_tokens(model, inputs)))
     save_reference(folder, nhwc(raw), nhwc(values), run(values), extra, dict(meta, source="transformers",
                                                                               output=output))
 
@@ -175,17 +207,22 @@ def timm_case(name: str, timm, image: Image.Image, model_args: dict, size: int, 
     with torch.no_grad():  # random, not zero, heads and tokens
         for parameter in model.parameters():
             parameter.normal_(0, 0.2)
+    loud_table(model.pos_embed)
     model.pretrained_cfg = dict(model.pretrained_cfg, mean=tuple(MEAN), std=tuple(STD), crop_pct=crop_pct,
                                 interpolation="bilinear", input_size=(3, size, size))
     save_for_hf(model, folder, safe_serialization=True)
     pixels = timm_transform(image, size, crop_pct, Image.BILINEAR)
     values = (pixels / 255 - np.asarray(MEAN, np.float32)) / np.asarray(STD, np.float32)
 
-    def run(inputs):
+    def run(inputs, tokens=False):
         with torch.no_grad():
-            return model(torch.from_numpy(inputs.transpose(0, 3, 1, 2).copy())).numpy()
+            inputs = torch.from_numpy(inputs.transpose(0, 3, 1, 2).copy())
+            if tokens:  # after the final norm, past the prefix tokens
+                return model.forward_features(inputs)[:, model.num_prefix_tokens:].numpy()
+            return model(inputs).numpy()
 
-    extra = [(size, run(random_inputs(name, index, size))) for index, size in enumerate(sizes)]
+    extra = [(size, run(inputs), run(inputs, tokens=True)) for index, size in enumerate(sizes)
+             for inputs in [random_inputs(name, index, size)]]
     save_reference(folder, pixels, values, run(values), extra, dict(meta, source="timm", native_size=[size, size]))
 
 
