@@ -14,6 +14,8 @@ the dependencies run convert -> models -> checkpoints, never back.
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import numpy as np
 
@@ -90,5 +92,8 @@ def _write_read_back(model: keras.Model, output: str) -> keras.Model:
 
 def convert_npz(checkpoint: str, output: str, *, variant: str | None = None,
                 image_size: tuple[int, int] | None = None) -> tuple[keras.Model, float]:
-    """`convert_checkpoint` for an original `.npz` file (the 0.2 name): (the `.npz`-loaded model, max |difference|)."""
+    """`convert_checkpoint` for an original `.npz` file (the 0.2 name, deprecated: 0.4 removes it): (the
+    `.npz`-loaded model, max |difference|)."""
+    warnings.warn("keras_vit.convert.convert_npz is deprecated: call convert_checkpoint (the same arguments); 0.4 "
+                  "removes the old name.", DeprecationWarning, stacklevel=2)
     return convert_checkpoint(checkpoint, output, variant=variant, image_size=image_size)

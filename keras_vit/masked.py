@@ -26,7 +26,7 @@ from keras import ops
 
 from keras_vit import features
 from keras_vit import layers as vit_layers
-from keras_vit.models import CpuKernelSteps
+from keras_vit.vit_model import CpuKernelSteps
 
 TARGETS = ("mean", "4x4", "l2")
 DOWNSAMPLED_SIZE = 4  # The "4x4" target's grid inside each patch.

@@ -10,306 +10,22 @@ reader (`keras_vit.checkpoints`) reads one once and the loader loads it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
-import os
 import warnings
-import weakref
 from typing import Any, Callable, Sequence
 
 import keras
 
-from keras_vit import _keras_internals, kernels
 from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit import variants
 from keras_vit.checkpoints import loader as checkpoint_loader
 from keras_vit.checkpoints.reader import CheckpointFile
-from keras_vit.head_rows import head_rows_model
 from keras_vit.kernels.routed_layers import LayerNormalization
-from keras_vit.variants import CLASSIFIERS, ViTConfig  # noqa: F401  (CLASSIFIERS: the 0.2 name)
+from keras_vit.variants import CLASSIFIERS, ViTConfig  # noqa: F401  (CLASSIFIERS: the 0.2 name; 0.4 removes it)
+from keras_vit.vit_model import FLOAT_LAYERS, CpuKernelSteps, ViTModel  # noqa: F401  (the 0.2 paths)
 
 POOLINGS = (*vit_layers.POOLINGS, "map")
-
-BASE_DOCSTRING = """Builds {paper_name} (arXiv:2010.11929), keras.applications style.
-
-Args:
-    include_top: bool. Include the classification head (and pre-logits). Defaults to `True`.
-    weights: `None` (random initialization), a registered checkpoint name (see
-        `keras_vit.list_weights("{variant}")`), or a path to an original `.npz` checkpoint, a
-        Keras `.weights.h5` file, or a timm / Hugging Face ViT `.safetensors` file (whose
-        numerics, exact GELU and LayerNorm epsilon, the model then takes), a `save_pretrained`
-        directory, or `hf://org/name[@revision]` from the local Hugging Face cache. `"imagenet"` picks
-        the best ImageNet-1k checkpoint for the input size (one fine-tuned at that size if
-        registered, else the 384 one). `.npz` and `.safetensors` weights load at any input
-        size: position embeddings are resampled like the original
-        loader does. Registered files are downloaded once into the Keras cache
-        (`~/.keras/models`). With `include_top=True`, `classes` must be the checkpoint's
-        (1000 for `"imagenet"`), as in `keras.applications`; to fine-tune, build with
-        `include_top=False` and add a head. Defaults to `"imagenet"`.
-    input_tensor: optional Keras tensor to use as the image input.
-    input_shape: (height, width, channels); height and width divisible by {stride}, or
-        `(None, None, channels)` for any size at run time (multiples of {stride}): the position
-        embedding, stored at the checkpoint's grid, is fitted to each image's grid inside the
-        model, as the loader resamples it. Defaults to the checkpoint's own size: the images its declared
-        transform produces (a `preprocessor_config.json`'s crop, timm's `input_size`), else its config.json's
-        `image_size`, else the size its position table was trained at; `(224, 224, 3)` without a file. A size
-        that differs from the file's is the user's choice: the position table is resampled, said in one line.
-    pooling: with `include_top=False`: `None` returns the token sequence
-        (batch, tokens, {hidden_dim}) after the final norm; `"token"` (class token), `"avg"`
-        (mean of all tokens) or `"map"` (the attention-pooling head of `classifier="map"`) return a
-        vector. Ignored with `include_top=True`. `pooling="avg"` is the same operation as
-        `classifier="gap"`: `classifier` says how the model was trained (with or without a class
-        token), `pooling` what a backbone returns.
-    classes: int. Number of classes of the head. Defaults to `1000`.
-    classifier_activation: str or callable for the head's output, `None` for logits.
-        Defaults to `"softmax"`.
-    include_preprocessing: bool. `True`: the model takes raw pixels in [0, 255] and normalizes them
-        inside with the checkpoint's own mean and std, `(x / 255 - image_mean) / image_std` (read from a
-        `preprocessor_config.json` or timm `config.json` beside `weights=`; else mean = std = 0.5, the
-        original's [-1, 1]); `False`: it takes the normalized input. Defaults to `True`.
-    name: str. Model name. Defaults to `"{model_name}"`.
-    **options: the fields of `keras_vit.variants.ViTConfig`, as keywords (`qk_norm=True`). One not given
-        (or given as `None`) takes the value of a weights file that fixes it, else its default below. An
-        unknown name is a TypeError that names the closest valid one. The architecture fields
-        (`patch_size`, `hidden_dim`, `mlp_dim`, `num_heads`, `num_layers`, `resnet_stages`) default to the
-        variant's row.
-    classifier: `"token"` (class token, the paper's default), `"gap"` (global average
-        pooling, no class token) or `"map"` (no class token; multihead attention pooling, `MAPHead`:
-        SigLIP, big_vision). Defaults to `"token"` (in `VisionTransformer`: that of `weights=` a checkpoint
-        file, else `"token"`).
-    representation_size: optional int. Width of a `pre_logits` Dense + tanh layer before the
-        head (the ImageNet-21k pre-training head). Defaults to `None`: no such layer, except
-        that pretrained weights whose head is loaded (`include_top=True` and the checkpoint's
-        `classes`) bring their own (e.g. `weights="imagenet21k"`, 21843 classes).
-    position_embedding: `"learned"`, `"learned_2d"`, `"sincos_2d"` or `"none"`.
-        Defaults to `"learned"`.
-    position_resampling: how a model of any input size (`input_shape=(None, None, 3)`) fits its table to each
-        image's grid: `"linear_corners"` (the original's), `"bicubic"` (transformers') or `"bicubic_antialias"`
-        (timm's). Defaults to that of `weights=` a timm or Hugging Face file, else `"linear_corners"`; the
-        loader resizes a file's table to a fixed input size the same way.
-    dropout_rate: float. Dropout after the position embedding, attention and in the MLP.
-    attention_dropout_rate: float. Dropout on attention weights.
-    drop_path_rate: float. Stochastic depth, rising linearly from 0 to this rate over the blocks.
-    Options of the ViT family (DeiT-III, DINOv2, CLIP; timm's names in brackets):
-    activation: optional `"gelu"` (as `gelu_approximate` says) or `"quick_gelu"` (OpenAI CLIP). Defaults to
-        `None`: as `layer_norm_epsilon`, the checkpoint's, else `"gelu"`.
-    layer_scale_init: optional float. Per-channel learned scales of every residual branch, starting at
-        this value (`init_values`). Defaults to `None`: none.
-    qk_norm: bool. LayerNorm each head's q and k (`qk_norm`). Defaults to `False`.
-    num_register_tokens: int. Learned register tokens after the class token, without a position
-        (`reg_tokens`; DINOv2 uses 4). Defaults to `0`.
-    no_embed_class: bool. The position embedding covers only the patches; the class token is prepended
-        after it is added (`no_embed_class`: DeiT-III). Defaults to `False`.
-    norm_pre: bool. A LayerNorm after the embedding, before the blocks (`norm_pre`: CLIP). Defaults to
-        `False`.
-    patch_bias: bool. The patch embedding has a bias (`False`: CLIP's has none). Defaults to `True`.
-    fc_norm: bool. Instead of the final norm of every token, a LayerNorm after the average of the patch
-        tokens, which the head then pools (`global_pool="avg", fc_norm=True`). Defaults to `False`.
-    distillation_token: bool. DeiT's distillation token after the class token, with a position; the head is
-        then the mean of `head` (class token) and `head_dist` (distillation token), as DeiT's inference.
-        Needs `classifier="token"`; not with registers, `no_embed_class` or `fc_norm`. Defaults to `False`.
-    remat: bool. Rematerialize each encoder block in training (gradient checkpointing): activation
-        memory of one block instead of all, for about a third more compute. Needs `dropout_rate`,
-        `attention_dropout_rate` and `drop_path_rate` at 0. Defaults to `False`.
-    layer_norm_epsilon: optional float. Epsilon of every LayerNorm. Defaults to `None`: for a
-        `.safetensors` file, that of the Hugging Face `config.json` beside it, else the layout's default
-        (timm 1e-6; Hugging Face ViT / DeiT 1e-12, DINOv2 1e-6, CLIP 1e-5, SigLIP 1e-6); else the
-        original's 1e-6. The files do not store it: give it for a timm CLIP (1e-5). A value that
-        contradicts a `config.json` is an error.
-    gelu_approximate: optional bool. `True`: tanh-approximate GELU (the original's, SigLIP's);
-        `False`: exact erf GELU (timm's and Hugging Face's). Defaults to `None`: as
-        `layer_norm_epsilon` (`True` for `.npz` files).
-    Input options (defaults: those declared beside `weights=`, else the original's):
-    image_mean, image_std: 3 floats on [0, 1] pixels. Defaults to `(0.5, 0.5, 0.5)` each. A value that
-        differs from the checkpoint's is used, with a one-line warning.
-    resize_mode, crop_fraction, resize_size, interpolation, crop_offset: how the exports (`keras-vit-export`,
-        `keras-vit-tflite`) fit an image of another size: `"squash"` both sides or `"shortest_edge"` the short
-        side to `resize_size` (the integer a processor declares, used as it is at the checkpoint's own size), or
-        without one to `floor(size / crop_fraction)` (timm's `crop_pct` rule, and the rule at any other size),
-        then a centre crop of the model's size whose corner is `(resized - size) // 2` (`"floor"`, transformers)
-        or rounded (`"round"`, torchvision); `"bilinear"`, `"bicubic"`, `"nearest"` or `"lanczos3"`
-        (antialiased when shrinking). Defaults to `"squash"`, `1.0`, `None`, `"bilinear"`, `"floor"`.
-
-Returns:
-    A `keras_vit.ViTModel` (a functional `keras.Model`); its `vit_config` is the `ViTConfig` it was built from.
-"""
-
-
-LORA_NAMES = ("query", "key", "value", "attention_output", "Dense_0", "Dense_1")
-LORA_TARGETS = ("query", "value")
-
-
-def _block_projections(block: vit_layers.TransformerBlock) -> dict[str, keras.layers.Layer]:
-    attention, mlp = block.attention, block.mlp
-    return dict(zip(LORA_NAMES, (attention.query_dense, attention.key_dense, attention.value_dense,
-                                 attention.output_dense, mlp.dense_0, mlp.dense_1)))
-
-
-class CpuKernelSteps:
-    """Mixin for a `keras.Model`: its `fit` / `evaluate` / `predict` steps may use the machine's
-    CPU kernels (`keras_vit.kernels.cpu_kernels`), and TensorFlow traces each step once; nothing else changes."""
-
-    # The steps' signatures differ by backend (JAX passes its state too): pass them on as they come.
-    def train_step(self, *args, **kwargs):
-        with kernels.cpu_kernels(not self.jit_compile, training=True):  # XLA compiles the whole step: portable ops
-            return super().train_step(*args, **kwargs)
-
-    def test_step(self, *args, **kwargs):
-        with kernels.cpu_kernels(not self.jit_compile):
-            return super().test_step(*args, **kwargs)
-
-    def predict_step(self, *args, **kwargs):
-        with kernels.cpu_kernels(not self.jit_compile):
-            return super().predict_step(*args, **kwargs)
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        """Keras' TensorFlow trainer, building the optimizer's and metrics' state before the first trace: TensorFlow
-        traces `fit`'s and `evaluate`'s steps once, not twice (`keras_vit._keras_internals.symbolic_build`)."""
-        _keras_internals.symbolic_build(self, super()._maybe_symbolic_build, iterator, data_batch)
-
-
-@keras.saving.register_keras_serializable(package="keras_vit")
-class ViTModel(CpuKernelSteps, keras.Model):
-    """A functional `keras.Model` (`ViTModel(inputs, outputs)`) whose `fit` / `evaluate` /
-    `predict` steps may use the machine's CPU kernels (`keras_vit.kernels`).
-
-    The builders return one. Everything else is `keras.Model`: its `__call__`, exports and
-    your own `tf.function`s compute with the portable ops. Wrap a keras_vit backbone in
-    `ViTModel` rather than `keras.Model` (e.g. to add a head) to keep those kernels; with
-    `keras.Model` the wrapper is just as correct, on the portable ops.
-    """
-
-    def __init__(self, *args, vit_config: ViTConfig | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.vit_config = vit_config
-
-    def get_config(self) -> dict[str, Any]:
-        config = super().get_config()
-        if self.vit_config is not None:
-            config["vit_config"] = self.vit_config.to_dict()
-        return config
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], custom_objects=None) -> ViTModel:
-        config = dict(config)
-        fields = config.pop("vit_config", None)  # absent in models saved by 0.2 and earlier
-        model = super().from_config(config, custom_objects=custom_objects)
-        model.vit_config = ViTConfig.from_dict(fields) if fields is not None else None
-        return model
-
-    def make_predict_function(self, force=False):
-        """Keras' predict function, whose steps run `keras_vit.head_rows_model(self)`, made here (eagerly: Keras
-        traces the steps after this)."""
-        if self not in _HEAD_ROWS_TWINS:
-            _HEAD_ROWS_TWINS[self] = head_rows_model(self)
-        return super().make_predict_function(force)
-
-    def predict_step(self, *args, **kwargs):
-        """Keras' predict step computed by `keras_vit.head_rows_model(self)`: the same outputs, with the last
-        encoder block computing only the token rows they read (7% fewer FLOPs for ViT-B/16's class token)."""
-        twin = _HEAD_ROWS_TWINS.get(self, self)
-        if twin is self:
-            return super().predict_step(*args, **kwargs)
-        with kernels.cpu_kernels(not self.jit_compile):
-            if keras.backend.backend() == "jax":  # a stateless step: (state, data) -> (outputs, non-trainables)
-                return _stateless_predict(self, twin, *args)
-            x, _, _ = keras.utils.unpack_x_y_sample_weight(args[0])
-            return twin(x, training=False)
-
-    def enable_lora(self, rank: int, target_names: Sequence[str] = LORA_TARGETS) -> None:
-        """Low-rank adaptation (Hu et al. 2021) of the encoder, as keras-hub's `Backbone.enable_lora`.
-
-        Every weight is frozen except, in each encoder block, the projections named in `target_names`
-        (of `query`, `key`, `value`, `attention_output`, `Dense_0`, `Dense_1`), which Keras'
-        `enable_lora(rank)` gives a trainable rank-`rank` update of their frozen kernel (their bias stays
-        trainable, as in Keras). Defaults to the attention's query and value.
-        """
-        unknown = set(target_names) - set(LORA_NAMES)
-        if unknown:
-            raise ValueError(f"Unknown LoRA targets {sorted(unknown)}. Expected some of {LORA_NAMES}.")
-        for layer in self.layers:
-            if not isinstance(layer, vit_layers.TransformerBlock):
-                layer.trainable = False
-                continue
-            layer.norm_attention.trainable = layer.norm_mlp.trainable = False
-            for name, projection in _block_projections(layer).items():
-                if name in target_names:
-                    projection.enable_lora(rank)
-                else:
-                    projection.trainable = False
-
-    def quantize(self, mode: str, **kwargs) -> None:
-        """Keras' `Model.quantize(mode)`: the encoder's projections and the head get `mode`'s weights and matmuls.
-
-        The patch embedding (a hybrid's ResNet too), the LayerNorms, the class and register tokens and the
-        position embeddings stay float: Keras has no quantized form of them. Keras warns once for each such layer
-        class; for the layers keras_vit builds (`FLOAT_LAYERS`) that warning is left out, a layer of your own
-        still gets it. Python's garbage collector runs once, at the end (`_one_garbage_collection`).
-        """
-        with warnings.catch_warnings(), _one_garbage_collection():
-            warnings.filterwarnings("ignore", _FLOAT_LAYER_NOTICE, UserWarning)
-            super().quantize(mode, **kwargs)
-
-    def load_weights(self, filepath, *args, **kwargs):
-        """`keras.Model.load_weights` (Keras files); says to use `keras_vit.load_weights` for checkpoints."""
-        if os.fspath(filepath).endswith((".npz", ".safetensors")):
-            raise ValueError(f"Model.load_weights reads Keras weights files (.weights.h5), not the original "
-                             f"checkpoint {os.fspath(filepath)!r}: use `keras_vit.load_weights(model, path)`, which "
-                             "maps its keys and resizes position embeddings.")
-        return super().load_weights(filepath, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def _one_garbage_collection():
-    """`gc.collect()` once on leaving, instead of each time it is called inside.
-
-    Keras' `Layer.__delattr__` runs a full `gc.collect()` for each variable a layer deletes, and quantizing a
-    projection deletes its float kernel: 73 collections for a ViT-B/16, about 0.2 s each in a process with
-    TensorFlow loaded (its `quantize` took 18.6-19.5 s with them, under 1 s with one). Other threads' calls are deferred
-    too while this is open.
-    """
-    collect = gc.collect
-    gc.collect = lambda generation=2: 0
-    try:
-        yield
-    finally:
-        gc.collect = collect
-        gc.collect()
-
-
-_HEAD_ROWS_TWINS = weakref.WeakKeyDictionary()  # ViTModel -> its head_rows_model, made once
-
-
-def _unquantizable(module) -> set[str]:
-    """The names of `module`'s layer classes that have no `quantize` of their own (Keras' base one refuses)."""
-    return {name for name, value in vars(module).items() if isinstance(value, type)
-            and issubclass(value, keras.layers.Layer) and value.quantize is keras.layers.Layer.quantize}
-
-
-# The layer classes of keras_vit's models that Keras cannot quantize, which stay float: keras_vit's own, and the
-# Keras layers its builders use.
-FLOAT_LAYERS = frozenset(_unquantizable(vit_layers) | _unquantizable(resnet) | {
-    layer.__name__ for layer in (keras.layers.InputLayer, keras.layers.Rescaling, keras.layers.Dropout,
-                                 keras.layers.Identity, keras.layers.Activation, keras.layers.ReLU,
-                                 keras.layers.LayerNormalization, keras.layers.GroupNormalization,
-                                 keras.layers.MaxPooling2D)})
-# Keras' warning for each of them (keras.Model.quantize).
-_FLOAT_LAYER_NOTICE = rf"Layer ({'|'.join(sorted(FLOAT_LAYERS))}) does not have a `quantize` method implemented"
-
-
-def _stateless_predict(model: keras.Model, twin: keras.Model, state, data):
-    """JAX's `predict_step(state, data)` with `twin`, whose variables are the model's (in another order)."""
-    trainable, non_trainable = state
-    value_of = {id(variable): value for variable, value in zip(
-        model.trainable_variables + model.non_trainable_variables, [*trainable, *non_trainable])}
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-    outputs, updated = twin.stateless_call([value_of[id(v)] for v in twin.trainable_variables],
-                                           [value_of[id(v)] for v in twin.non_trainable_variables], x, training=False)
-    updated = dict(zip(map(id, twin.non_trainable_variables), updated))
-    return outputs, [updated.get(id(variable), value) for variable, value in zip(model.non_trainable_variables,
-                                                                                  non_trainable)]
 
 
 def _validate(*, include_top: bool, pooling: str | None, classes: int, config: ViTConfig, classifier_activation,
@@ -530,6 +246,111 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
     if classifier_activation is not None:
         x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
     return x
+
+
+BASE_DOCSTRING = """Builds {paper_name} (arXiv:2010.11929), keras.applications style.
+
+Args:
+    include_top: bool. Include the classification head (and pre-logits). Defaults to `True`.
+    weights: `None` (random initialization), a registered checkpoint name (see
+        `keras_vit.list_weights("{variant}")`), or a path to an original `.npz` checkpoint, a
+        Keras `.weights.h5` file, or a timm / Hugging Face ViT `.safetensors` file (whose
+        numerics, exact GELU and LayerNorm epsilon, the model then takes), a `save_pretrained`
+        directory, or `hf://org/name[@revision]` from the local Hugging Face cache. `"imagenet"` picks
+        the best ImageNet-1k checkpoint for the input size (one fine-tuned at that size if
+        registered, else the 384 one). `.npz` and `.safetensors` weights load at any input
+        size: position embeddings are resampled like the original
+        loader does. Registered files are downloaded once into the Keras cache
+        (`~/.keras/models`). With `include_top=True`, `classes` must be the checkpoint's
+        (1000 for `"imagenet"`), as in `keras.applications`; to fine-tune, build with
+        `include_top=False` and add a head. Defaults to `"imagenet"`.
+    input_tensor: optional Keras tensor to use as the image input.
+    input_shape: (height, width, channels); height and width divisible by {stride}, or
+        `(None, None, channels)` for any size at run time (multiples of {stride}): the position
+        embedding, stored at the checkpoint's grid, is fitted to each image's grid inside the
+        model, as the loader resamples it. Defaults to the checkpoint's own size: the images its declared
+        transform produces (a `preprocessor_config.json`'s crop, timm's `input_size`), else its config.json's
+        `image_size`, else the size its position table was trained at; `(224, 224, 3)` without a file. A size
+        that differs from the file's is the user's choice: the position table is resampled, said in one line.
+    pooling: with `include_top=False`: `None` returns the token sequence
+        (batch, tokens, {hidden_dim}) after the final norm; `"token"` (class token), `"avg"`
+        (mean of all tokens) or `"map"` (the attention-pooling head of `classifier="map"`) return a
+        vector. Ignored with `include_top=True`. `pooling="avg"` is the same operation as
+        `classifier="gap"`: `classifier` says how the model was trained (with or without a class
+        token), `pooling` what a backbone returns.
+    classes: int. Number of classes of the head. Defaults to `1000`.
+    classifier_activation: str or callable for the head's output, `None` for logits.
+        Defaults to `"softmax"`.
+    include_preprocessing: bool. `True`: the model takes raw pixels in [0, 255] and normalizes them
+        inside with the checkpoint's own mean and std, `(x / 255 - image_mean) / image_std` (read from a
+        `preprocessor_config.json` or timm `config.json` beside `weights=`; else mean = std = 0.5, the
+        original's [-1, 1]); `False`: it takes the normalized input. Defaults to `True`.
+    name: str. Model name. Defaults to `"{model_name}"`.
+    **options: the fields of `keras_vit.variants.ViTConfig`, as keywords (`qk_norm=True`). One not given
+        (or given as `None`) takes the value of a weights file that fixes it, else its default below. An
+        unknown name is a TypeError that names the closest valid one. The architecture fields
+        (`patch_size`, `hidden_dim`, `mlp_dim`, `num_heads`, `num_layers`, `resnet_stages`) default to the
+        variant's row.
+    classifier: `"token"` (class token, the paper's default), `"gap"` (global average
+        pooling, no class token) or `"map"` (no class token; multihead attention pooling, `MAPHead`:
+        SigLIP, big_vision). Defaults to `"token"` (in `VisionTransformer`: that of `weights=` a checkpoint
+        file, else `"token"`).
+    representation_size: optional int. Width of a `pre_logits` Dense + tanh layer before the
+        head (the ImageNet-21k pre-training head). Defaults to `None`: no such layer, except
+        that pretrained weights whose head is loaded (`include_top=True` and the checkpoint's
+        `classes`) bring their own (e.g. `weights="imagenet21k"`, 21843 classes).
+    position_embedding: `"learned"`, `"learned_2d"`, `"sincos_2d"` or `"none"`.
+        Defaults to `"learned"`.
+    position_resampling: how a model of any input size (`input_shape=(None, None, 3)`) fits its table to each
+        image's grid: `"linear_corners"` (the original's), `"bicubic"` (transformers') or `"bicubic_antialias"`
+        (timm's). Defaults to that of `weights=` a timm or Hugging Face file, else `"linear_corners"`; the
+        loader resizes a file's table to a fixed input size the same way.
+    dropout_rate: float. Dropout after the position embedding, attention and in the MLP.
+    attention_dropout_rate: float. Dropout on attention weights.
+    drop_path_rate: float. Stochastic depth, rising linearly from 0 to this rate over the blocks.
+    Options of the ViT family (DeiT-III, DINOv2, CLIP; timm's names in brackets):
+    activation: optional `"gelu"` (as `gelu_approximate` says) or `"quick_gelu"` (OpenAI CLIP). Defaults to
+        `None`: as `layer_norm_epsilon`, the checkpoint's, else `"gelu"`.
+    layer_scale_init: optional float. Per-channel learned scales of every residual branch, starting at
+        this value (`init_values`). Defaults to `None`: none.
+    qk_norm: bool. LayerNorm each head's q and k (`qk_norm`). Defaults to `False`.
+    num_register_tokens: int. Learned register tokens after the class token, without a position
+        (`reg_tokens`; DINOv2 uses 4). Defaults to `0`.
+    no_embed_class: bool. The position embedding covers only the patches; the class token is prepended
+        after it is added (`no_embed_class`: DeiT-III). Defaults to `False`.
+    norm_pre: bool. A LayerNorm after the embedding, before the blocks (`norm_pre`: CLIP). Defaults to
+        `False`.
+    patch_bias: bool. The patch embedding has a bias (`False`: CLIP's has none). Defaults to `True`.
+    fc_norm: bool. Instead of the final norm of every token, a LayerNorm after the average of the patch
+        tokens, which the head then pools (`global_pool="avg", fc_norm=True`). Defaults to `False`.
+    distillation_token: bool. DeiT's distillation token after the class token, with a position; the head is
+        then the mean of `head` (class token) and `head_dist` (distillation token), as DeiT's inference.
+        Needs `classifier="token"`; not with registers, `no_embed_class` or `fc_norm`. Defaults to `False`.
+    remat: bool. Rematerialize each encoder block in training (gradient checkpointing): activation
+        memory of one block instead of all, for about a third more compute. Needs `dropout_rate`,
+        `attention_dropout_rate` and `drop_path_rate` at 0. Defaults to `False`.
+    layer_norm_epsilon: optional float. Epsilon of every LayerNorm. Defaults to `None`: for a
+        `.safetensors` file, that of the Hugging Face `config.json` beside it, else the layout's default
+        (timm 1e-6; Hugging Face ViT / DeiT 1e-12, DINOv2 1e-6, CLIP 1e-5, SigLIP 1e-6); else the
+        original's 1e-6. The files do not store it: give it for a timm CLIP (1e-5). A value that
+        contradicts a `config.json` is an error.
+    gelu_approximate: optional bool. `True`: tanh-approximate GELU (the original's, SigLIP's);
+        `False`: exact erf GELU (timm's and Hugging Face's). Defaults to `None`: as
+        `layer_norm_epsilon` (`True` for `.npz` files).
+    Input options (defaults: those declared beside `weights=`, else the original's):
+    image_mean, image_std: 3 floats on [0, 1] pixels. Defaults to `(0.5, 0.5, 0.5)` each. A value that
+        differs from the checkpoint's is used, with a one-line warning.
+    resize_mode, crop_fraction, resize_size, interpolation, crop_offset: how the exports (`keras-vit-export`,
+        `keras-vit-tflite`) fit an image of another size: `"squash"` both sides or `"shortest_edge"` the short
+        side to `resize_size` (the integer a processor declares, used as it is at the checkpoint's own size), or
+        without one to `floor(size / crop_fraction)` (timm's `crop_pct` rule, and the rule at any other size),
+        then a centre crop of the model's size whose corner is `(resized - size) // 2` (`"floor"`, transformers)
+        or rounded (`"round"`, torchvision); `"bilinear"`, `"bicubic"`, `"nearest"` or `"lanczos3"`
+        (antialiased when shrinking). Defaults to `"squash"`, `1.0`, `None`, `"bilinear"`, `"floor"`.
+
+Returns:
+    A `keras_vit.ViTModel` (a functional `keras.Model`); its `vit_config` is the `ViTConfig` it was built from.
+"""
 
 
 def _make_builder(builder_name: str, variant: str) -> Callable[..., keras.Model]:

@@ -2,6 +2,8 @@
 keyword of the builders; a misspelled one fails before anything is built; a weights file is read once."""
 
 import json
+import os
+import re
 
 import keras
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 import keras_vit
 from keras_vit import models, variants
 from keras_vit.checkpoints import loader, reader, safetensors_file, torch_layout
-from tests.testing import TINY_VIT, hf_state_dict, save_checkpoint, save_safetensors, vit_checkpoint
+from tests.testing import REPO, TINY_VIT, hf_state_dict, save_checkpoint, save_safetensors, vit_checkpoint
 
 
 def test_decode_variant_returns_a_config_that_reads_like_the_table_row():
@@ -156,3 +158,13 @@ def test_keras_vit_inspect_is_the_renamed_inspection_module_with_a_warning():
     with pytest.warns(DeprecationWarning, match="keras_vit.inspect is now keras_vit.inspection"):
         from keras_vit import inspect as old
     assert old is keras_vit.inspection and keras.__name__ == "keras"
+
+
+def test_every_config_field_is_documented_in_the_builders_docstring_and_docs_models():
+    """A new `ViTConfig` field needs its line in `models.BASE_DOCSTRING` (every builder's `help`) and in
+    docs/models.md (the checklist in docs/architecture.md)."""
+    with open(os.path.join(REPO, "docs", "models.md"), encoding="utf-8") as file:
+        page = file.read()
+    docstring = models.BASE_DOCSTRING
+    assert [name for name in variants.OPTIONS if not re.search(rf"\b{name}\b", docstring)] == []
+    assert [name for name in variants.OPTIONS if f"`{name}" not in page and f"{name}=" not in page] == []

@@ -210,3 +210,55 @@ def test_lora_finetune_of_a_frozen_backbone_lowers_the_loss():
     for weight in backbone.weights:
         if weight.path in frozen:
             np.testing.assert_array_equal(to_numpy(weight), frozen[weight.path])
+
+
+def test_one_garbage_collection_defers_only_its_own_threads_collections():
+    """Inside `one_garbage_collection` this thread's `gc.collect()` does nothing (Keras calls it for every variable a
+    quantized layer drops) and one real collection runs as it closes; another thread's `gc.collect()` collects while
+    it is open, and `gc.collect` is the real one again afterwards."""
+    import gc
+    import weakref
+
+    from keras_vit.vit_model import one_garbage_collection
+
+    class Cycle:
+        pass
+
+    def cycle() -> weakref.ref:
+        node = Cycle()
+        node.self = node  # only a collection frees it
+        return weakref.ref(node)
+
+    real_collect, results, automatic = gc.collect, {}, gc.isenabled()
+    gc.disable()  # only explicit collections, so that what frees a cycle is known
+    try:
+        _collections_in_threads(one_garbage_collection, cycle, results)
+    finally:
+        if automatic:
+            gc.enable()
+    assert results == {"deferred here": True, "deferred after a nested scope": True, "collected there": True,
+                       "collected on close": True}
+    assert gc.collect is real_collect
+
+
+def _collections_in_threads(one_garbage_collection, cycle, results: dict) -> None:
+    import gc
+    import threading
+
+    with one_garbage_collection():
+        mine = cycle()
+        gc.collect()
+        results["deferred here"] = mine() is not None
+        with one_garbage_collection():  # nested: still deferred, and one collection at the outermost close
+            gc.collect()
+        results["deferred after a nested scope"] = mine() is not None
+
+        def other_thread():
+            theirs = cycle()
+            gc.collect()
+            results["collected there"] = theirs() is None
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+    results["collected on close"] = mine() is None

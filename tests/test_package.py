@@ -74,7 +74,10 @@ def test_the_0_2_checkpoint_module_paths_warn_and_re_export_keras_vit_checkpoint
                                                                      registry.fetch)
     else:
         assert (old.read_safetensors, old.translate) == (safetensors_file.read_safetensors, torch_layout.translate)
-        assert callable(old.convert_safetensors) and callable(keras_vit.convert.convert_npz)
+        assert callable(old.convert_safetensors)
+        with pytest.warns(DeprecationWarning, match="convert_npz is deprecated: call convert_checkpoint .*0.4 "
+                                                    "removes"), pytest.raises(FileNotFoundError):
+            keras_vit.convert.convert_npz("no_such.npz", "out.weights.h5")
 
 
 # ---------------------------------------------------------------------------------------

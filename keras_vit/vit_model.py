@@ -1,0 +1,227 @@
+"""The model class of keras_vit: `ViTModel`, a functional `keras.Model` that carries its `ViTConfig` and whose
+`fit` / `evaluate` / `predict` steps may use the machine's CPU kernels (`CpuKernelSteps`), with LoRA and Keras'
+quantization fitted to ViT blocks. The builders (`keras_vit.models`) return one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import threading
+import warnings
+import weakref
+from typing import Any, Sequence
+
+import keras
+
+from keras_vit import _keras_internals, kernels
+from keras_vit import layers as vit_layers
+from keras_vit import resnet
+from keras_vit.head_rows import head_rows_model
+from keras_vit.variants import ViTConfig
+
+
+LORA_NAMES = ("query", "key", "value", "attention_output", "Dense_0", "Dense_1")
+LORA_TARGETS = ("query", "value")
+
+
+def _block_projections(block: vit_layers.TransformerBlock) -> dict[str, keras.layers.Layer]:
+    attention, mlp = block.attention, block.mlp
+    return dict(zip(LORA_NAMES, (attention.query_dense, attention.key_dense, attention.value_dense,
+                                 attention.output_dense, mlp.dense_0, mlp.dense_1)))
+
+
+class CpuKernelSteps:
+    """Mixin for a `keras.Model`: its `fit` / `evaluate` / `predict` steps may use the machine's
+    CPU kernels (`keras_vit.kernels.cpu_kernels`), and TensorFlow traces each step once; nothing else changes."""
+
+    # The steps' signatures differ by backend (JAX passes its state too): pass them on as they come.
+    def train_step(self, *args, **kwargs):
+        with kernels.cpu_kernels(not self.jit_compile, training=True):  # XLA compiles the whole step: portable ops
+            return super().train_step(*args, **kwargs)
+
+    def test_step(self, *args, **kwargs):
+        with kernels.cpu_kernels(not self.jit_compile):
+            return super().test_step(*args, **kwargs)
+
+    def predict_step(self, *args, **kwargs):
+        with kernels.cpu_kernels(not self.jit_compile):
+            return super().predict_step(*args, **kwargs)
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Keras' TensorFlow trainer, building the optimizer's and metrics' state before the first trace: TensorFlow
+        traces `fit`'s and `evaluate`'s steps once, not twice (`keras_vit._keras_internals.symbolic_build`)."""
+        _keras_internals.symbolic_build(self, super()._maybe_symbolic_build, iterator, data_batch)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ViTModel(CpuKernelSteps, keras.Model):
+    """A functional `keras.Model` (`ViTModel(inputs, outputs)`) whose `fit` / `evaluate` /
+    `predict` steps may use the machine's CPU kernels (`keras_vit.kernels`).
+
+    The builders return one. Everything else is `keras.Model`: its `__call__`, exports and
+    your own `tf.function`s compute with the portable ops. Wrap a keras_vit backbone in
+    `ViTModel` rather than `keras.Model` (e.g. to add a head) to keep those kernels; with
+    `keras.Model` the wrapper is just as correct, on the portable ops.
+    """
+
+    def __init__(self, *args, vit_config: ViTConfig | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.vit_config = vit_config
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        if self.vit_config is not None:
+            config["vit_config"] = self.vit_config.to_dict()
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects=None) -> ViTModel:
+        config = dict(config)
+        fields = config.pop("vit_config", None)  # absent in models saved by 0.2 and earlier
+        model = super().from_config(config, custom_objects=custom_objects)
+        model.vit_config = ViTConfig.from_dict(fields) if fields is not None else None
+        return model
+
+    def make_predict_function(self, force=False):
+        """Keras' predict function, whose steps run `keras_vit.head_rows_model(self)`, made here (eagerly: Keras
+        traces the steps after this)."""
+        if self not in _HEAD_ROWS_TWINS:
+            _HEAD_ROWS_TWINS[self] = head_rows_model(self)
+        return super().make_predict_function(force)
+
+    def predict_step(self, *args, **kwargs):
+        """Keras' predict step computed by `keras_vit.head_rows_model(self)`: the same outputs, with the last
+        encoder block computing only the token rows they read (7% fewer FLOPs for ViT-B/16's class token)."""
+        twin = _HEAD_ROWS_TWINS.get(self, self)
+        if twin is self:
+            return super().predict_step(*args, **kwargs)
+        with kernels.cpu_kernels(not self.jit_compile):
+            if keras.backend.backend() == "jax":  # a stateless step: (state, data) -> (outputs, non-trainables)
+                return _stateless_predict(self, twin, *args)
+            x, _, _ = keras.utils.unpack_x_y_sample_weight(args[0])
+            return twin(x, training=False)
+
+    def enable_lora(self, rank: int, target_names: Sequence[str] = LORA_TARGETS) -> None:
+        """Low-rank adaptation (Hu et al. 2021) of the encoder, as keras-hub's `Backbone.enable_lora`.
+
+        Every weight is frozen except, in each encoder block, the projections named in `target_names`
+        (of `query`, `key`, `value`, `attention_output`, `Dense_0`, `Dense_1`), which Keras'
+        `enable_lora(rank)` gives a trainable rank-`rank` update of their frozen kernel (their bias stays
+        trainable, as in Keras). Defaults to the attention's query and value.
+        """
+        unknown = set(target_names) - set(LORA_NAMES)
+        if unknown:
+            raise ValueError(f"Unknown LoRA targets {sorted(unknown)}. Expected some of {LORA_NAMES}.")
+        for layer in self.layers:
+            if not isinstance(layer, vit_layers.TransformerBlock):
+                layer.trainable = False
+                continue
+            layer.norm_attention.trainable = layer.norm_mlp.trainable = False
+            for name, projection in _block_projections(layer).items():
+                if name in target_names:
+                    projection.enable_lora(rank)
+                else:
+                    projection.trainable = False
+
+    def quantize(self, mode: str, **kwargs) -> None:
+        """Keras' `Model.quantize(mode)`: the encoder's projections and the head get `mode`'s weights and matmuls.
+
+        The patch embedding (a hybrid's ResNet too), the LayerNorms, the class and register tokens and the
+        position embeddings stay float: Keras has no quantized form of them. Keras warns once for each such layer
+        class; for the layers keras_vit builds (`FLOAT_LAYERS`) that warning is left out, a layer of your own
+        still gets it. Python's garbage collector runs once, at the end (`one_garbage_collection`).
+        """
+        with warnings.catch_warnings(), one_garbage_collection():
+            warnings.filterwarnings("ignore", _FLOAT_LAYER_NOTICE, UserWarning)
+            super().quantize(mode, **kwargs)
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """`keras.Model.load_weights` (Keras files); says to use `keras_vit.load_weights` for checkpoints."""
+        if os.fspath(filepath).endswith((".npz", ".safetensors")):
+            raise ValueError(f"Model.load_weights reads Keras weights files (.weights.h5), not the original "
+                             f"checkpoint {os.fspath(filepath)!r}: use `keras_vit.load_weights(model, path)`, which "
+                             "maps its keys and resizes position embeddings.")
+        return super().load_weights(filepath, *args, **kwargs)
+
+
+class _DeferredCollections:
+    """`gc.collect` deferred in the threads inside `one_garbage_collection`, and real everywhere else."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.scopes = 0  # open scopes, in every thread: the wrapper is installed while there is one
+        self.real_collect = gc.collect
+        self.thread = threading.local()  # .depth: the scopes open in this thread
+
+    def collect(self, generation: int = 2) -> int:
+        if getattr(self.thread, "depth", 0):
+            return 0  # collected once when this thread's outermost scope closes
+        return self.real_collect(generation)
+
+    @contextlib.contextmanager
+    def scope(self):
+        with self.lock:
+            if self.scopes == 0:
+                self.real_collect = gc.collect
+                gc.collect = self.collect
+            self.scopes += 1
+        self.thread.depth = getattr(self.thread, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self.thread.depth -= 1
+            with self.lock:
+                self.scopes -= 1
+                if self.scopes == 0:
+                    gc.collect = self.real_collect
+            if self.thread.depth == 0:
+                self.real_collect()
+
+
+_DEFERRED = _DeferredCollections()
+
+
+def one_garbage_collection():
+    """A context in which this thread's `gc.collect()` calls do nothing; one collection runs as it closes.
+
+    Keras' `Layer.__delattr__` runs a full `gc.collect()` for each variable a layer deletes, and quantizing a
+    projection deletes its float kernel: 73 collections for a ViT-B/16, about 0.2 s each in a process with
+    TensorFlow loaded (its `quantize` took 18.6-19.5 s with them, under 1 s with one). Only the thread that opened
+    the context is affected: `gc.collect` is the real one in every other thread, also while it is open.
+    """
+    return _DEFERRED.scope()
+
+
+_HEAD_ROWS_TWINS = weakref.WeakKeyDictionary()  # ViTModel -> its head_rows_model, made once
+
+
+def _unquantizable(module) -> set[str]:
+    """The names of `module`'s layer classes that have no `quantize` of their own (Keras' base one refuses)."""
+    return {name for name, value in vars(module).items() if isinstance(value, type)
+            and issubclass(value, keras.layers.Layer) and value.quantize is keras.layers.Layer.quantize}
+
+
+# The layer classes of keras_vit's models that Keras cannot quantize, which stay float: keras_vit's own, and the
+# Keras layers its builders use.
+FLOAT_LAYERS = frozenset(_unquantizable(vit_layers) | _unquantizable(resnet) | {
+    layer.__name__ for layer in (keras.layers.InputLayer, keras.layers.Rescaling, keras.layers.Dropout,
+                                 keras.layers.Identity, keras.layers.Activation, keras.layers.ReLU,
+                                 keras.layers.LayerNormalization, keras.layers.GroupNormalization,
+                                 keras.layers.MaxPooling2D)})
+# Keras' warning for each of them (keras.Model.quantize).
+_FLOAT_LAYER_NOTICE = rf"Layer ({'|'.join(sorted(FLOAT_LAYERS))}) does not have a `quantize` method implemented"
+
+
+def _stateless_predict(model: keras.Model, twin: keras.Model, state, data):
+    """JAX's `predict_step(state, data)` with `twin`, whose variables are the model's (in another order)."""
+    trainable, non_trainable = state
+    value_of = {id(variable): value for variable, value in zip(
+        model.trainable_variables + model.non_trainable_variables, [*trainable, *non_trainable])}
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+    outputs, updated = twin.stateless_call([value_of[id(v)] for v in twin.trainable_variables],
+                                           [value_of[id(v)] for v in twin.non_trainable_variables], x, training=False)
+    updated = dict(zip(map(id, twin.non_trainable_variables), updated))
+    return outputs, [updated.get(id(variable), value) for variable, value in zip(model.non_trainable_variables,
+                                                                                  non_trainable)]
