@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 from keras_vit import models, variants
-from keras_vit.checkpoints import loader, reader, safetensors_file, torch_layout
+from keras_vit.checkpoints import config_files, loader, reader, safetensors_file, torch_layout
 from tests.testing import REPO, TINY_VIT, hf_state_dict, save_checkpoint, save_safetensors, vit_checkpoint
 
 
@@ -112,12 +112,15 @@ def test_a_weights_file_header_and_config_json_are_read_once(tmp_path, monkeypat
     path = save_safetensors(hf_state_dict(), folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps({"num_attention_heads": 3, "layer_norm_eps": 1e-12,
                                                     "hidden_act": "gelu"}))
+    (folder / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "ViTImageProcessor",
+                                                                 "size": 32}))
     counts = {}
     _counting(monkeypatch, safetensors_file, "read_header", counts)
     _counting(monkeypatch, torch_layout, "read_hf_config", counts)
+    _counting(monkeypatch, config_files, "read_json", counts)  # each JSON file beside it, once
     model = keras_vit.VisionTransformer(weights=path, input_shape=(32, 32, 3), classes=10,
                                         include_preprocessing=False)
-    assert counts == {"read_header": 1, "read_hf_config": 1}
+    assert counts == {"read_header": 1, "read_hf_config": 1, "read_json": 2}
     assert model.vit_config.num_heads == 3 and model.vit_config.layer_norm_epsilon == 1e-12
 
 

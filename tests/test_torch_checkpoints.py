@@ -19,7 +19,7 @@ from keras_vit import kernels
 from keras_vit import layers as vit_layers
 import keras_vit.convert
 from keras_vit.cli import convert
-from keras_vit.checkpoints import resample, torch_layout
+from keras_vit.checkpoints import config_files, resample, torch_layout
 from tests.reference import (TORCH_EPS, gelu_erf, quick_gelu, released_from_torch, torch_logits,
                              vit_logits)
 from tests.testing import TINY_VIT, hf_state_dict, save_safetensors, timm_family_state_dict, timm_state_dict
@@ -318,10 +318,10 @@ def test_timm_config_states_the_heads_and_a_guess_is_said(tmp_path, monkeypatch)
     assert guessed.vit_config.num_heads == 3 and len(guesses) == 1 and "num_heads=3 is guessed" in guesses[0]
     assert np.abs(guessed.predict_on_batch(inputs) - expected).max() > 1e-3  # the guess was wrong here
     # The entry point's own heads, by its name and width (timm's vit_base_patch16_gap_224 has 16, not 12).
-    assert torch_layout.read_timm_config(str(folder("named", {"architecture": "vit_small_patch16_224.augreg"})
-                                             / "model.safetensors"), 384) == ({"num_heads": 6},
-                                                                              "timm's 'vit_small_patch16_224'")
-    assert torch_layout.read_timm_config(str(tmp_path / "named" / "model.safetensors"), 48) == ({}, None)
+    named = config_files.Beside(str(folder("named", {"architecture": "vit_small_patch16_224.augreg"})
+                                    / "model.safetensors"))
+    assert torch_layout.read_timm_config(named, 384) == ({"num_heads": 6}, "timm's 'vit_small_patch16_224'")
+    assert torch_layout.read_timm_config(named, 48) == ({}, None)
     with pytest.raises(ValueError, match=r"config.json beside .* contradicts its weights: it says num_layers=12"):
         load(folder("contradicts", {"architecture": "vit_tiny_patch16_224", "model_args": {"depth": 12}}))
     with pytest.raises(ValueError, match=r"num_heads=3 contradicts the config.json"):

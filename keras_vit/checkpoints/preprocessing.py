@@ -24,13 +24,11 @@ integers; an error names the file, the key and the value.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 from typing import Any
 
-PREPROCESSOR_CONFIG = "preprocessor_config.json"
-TIMM_CONFIG = "config.json"
+from keras_vit.checkpoints import config_files
+
 
 # transformers' image processors of the ViT family, and whether a plain int `size` means a square (True) or the
 # shortest edge (False), as each processor's `get_size_dict(size, default_to_square=...)` reads it.
@@ -64,36 +62,19 @@ class Declared:
     image_size: tuple[int, int] | None
 
 
-def read_preprocessing(weights_path: str) -> Declared | None:
-    """What the files beside `weights_path` declare; None without any.
+def read_preprocessing(files: config_files.Beside) -> Declared | None:
+    """What the files beside a checkpoint (`files`) declare; None without any.
 
     Raises:
         ValueError: an unreadable file, an unknown processor type, resample code, interpolation or crop mode, a
             mean or std that is not finite (or a std <= 0), a size that is not a positive integer, or values
             keras_vit cannot reproduce (named, with the file and the key).
     """
-    folder = os.path.dirname(os.path.abspath(weights_path))
-    processor = os.path.join(folder, PREPROCESSOR_CONFIG)
-    if os.path.isfile(processor):
-        return from_processor_config(read_json(processor), processor)
-    timm_config = os.path.join(folder, TIMM_CONFIG)
-    if os.path.isfile(timm_config):
-        config = read_json(timm_config)
-        if isinstance(config.get("pretrained_cfg"), dict):
-            return from_timm_config(config["pretrained_cfg"], timm_config)
+    if files.processor is not None:
+        return from_processor_config(files.processor, files.path(config_files.PROCESSOR))
+    if files.config is not None and isinstance(files.config.get("pretrained_cfg"), dict):
+        return from_timm_config(files.config["pretrained_cfg"], files.path(config_files.CONFIG))
     return None
-
-
-def read_json(path: str) -> dict:
-    """A JSON object from `path`; ValueError naming the file when it is unreadable or not an object."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            config = json.load(file)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"Could not read {path!r}: {error}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{path!r}: expected a JSON object, found {type(config).__name__}.")
-    return config
 
 
 def from_processor_config(config: dict, origin: str) -> Declared:

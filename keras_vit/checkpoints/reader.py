@@ -12,7 +12,7 @@ import os
 from typing import Any, Mapping
 
 from keras_vit import variants
-from keras_vit.checkpoints import locate, npz, preprocessing, safetensors_file, torch_layout
+from keras_vit.checkpoints import config_files, locate, npz, preprocessing, safetensors_file, torch_layout
 from keras_vit.checkpoints.architecture import read_architecture
 
 KERAS_WEIGHTS = "keras"  # the layout of a `.weights.h5` file: keras_vit's own weight paths
@@ -191,7 +191,8 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
         raise missing_file(path)
     if path.endswith(".h5"):
         return CheckpointFile(path, KERAS_WEIGHTS, {})
-    declared = _declared_input(path)
+    files = config_files.Beside(path)  # config.json and preprocessor_config.json, each read once
+    declared = _declared_input(files)
     if not path.endswith(".safetensors"):
         return CheckpointFile(path, None, npz.read_npz_shapes(path), **declared)
     header = safetensors_file.read_header(path)
@@ -199,10 +200,10 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
     layout = torch_layout.detect_layout(shapes)
     torch_layout.check_supported(shapes, layout, origin=path)
     npz_shapes = torch_layout.npz_shapes(shapes, layout)
-    hf_config = torch_layout.read_hf_config(path, layout) if layout in torch_layout.HF_LAYOUTS else None
+    hf_config = torch_layout.read_hf_config(files, layout) if layout in torch_layout.HF_LAYOUTS else None
     timm_config, heads_source = None, None
     if layout == torch_layout.TIMM and "embedding/kernel" in npz_shapes:
-        timm_config, heads_source = torch_layout.read_timm_config(path, npz_shapes["embedding/kernel"][-1])
+        timm_config, heads_source = torch_layout.read_timm_config(files, npz_shapes["embedding/kernel"][-1])
     elif hf_config and "num_heads" in hf_config:
         heads_source = "config.json"
     file = CheckpointFile(path, layout, npz_shapes, header, hf_config, timm_config=timm_config,
@@ -211,11 +212,11 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
     return file
 
 
-def _declared_input(path: str) -> dict[str, Any]:
-    """The `CheckpointFile` fields of the preprocessing declared beside `path`; a file keras_vit cannot read or
+def _declared_input(files: config_files.Beside) -> dict[str, Any]:
+    """The `CheckpointFile` fields of the preprocessing declared in `files`; a file keras_vit cannot read or
     reproduce is kept as `preprocessing_problem`, for the models that need it."""
     try:
-        declared = preprocessing.read_preprocessing(path)
+        declared = preprocessing.read_preprocessing(files)
     except ValueError as error:
         return dict(preprocessing_problem=str(error))
     if declared is None:

@@ -30,14 +30,12 @@ token].
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from keras_vit.checkpoints import npz, resample
+from keras_vit.checkpoints import config_files, npz, resample
 
 TIMM = "timm"
 HUGGING_FACE = "huggingface"  # ViT and DeiT
@@ -129,8 +127,9 @@ HF_ARCHITECTURE = {"hidden_size": "hidden_dim", "intermediate_size": "mlp_dim", 
                    "patch_size": "patch_size"}
 
 
-def read_hf_config(path: str, layout: str | None = None) -> dict | None:
-    """The numerics and number of heads of the Hugging Face `config.json` beside a weights file, or None.
+def read_hf_config(files: config_files.Beside, layout: str | None = None) -> dict | None:
+    """The numerics and number of heads of the Hugging Face `config.json` beside a weights file (`files`), or
+    None.
 
     Returns `layer_norm_epsilon`, `activation`, `gelu_approximate`, `num_heads`, the architecture fields of
     `HF_ARCHITECTURE` and `image_size` (the model's input side, not a `ViTConfig` field) for the keys the file sets
@@ -140,7 +139,7 @@ def read_hf_config(path: str, layout: str | None = None) -> dict | None:
     Raises:
         ValueError: an unreadable file, or a `hidden_act` keras_vit does not implement.
     """
-    config = _config_beside(path)
+    config = files.config
     if config is None:
         return None
     config = config.get("vision_config", config)
@@ -149,8 +148,8 @@ def read_hf_config(path: str, layout: str | None = None) -> dict | None:
         found["layer_norm_epsilon"] = float(config["layer_norm_eps"])
     if "hidden_act" in config:
         if config["hidden_act"] not in HIDDEN_ACTIVATIONS:
-            raise ValueError(f"{_config_path(path)!r}: hidden_act={config['hidden_act']!r} is not implemented by "
-                             f"keras_vit. Supported: {sorted(HIDDEN_ACTIVATIONS)}.")
+            raise ValueError(f"{files.path(config_files.CONFIG)!r}: hidden_act={config['hidden_act']!r} is not "
+                             f"implemented by keras_vit. Supported: {sorted(HIDDEN_ACTIVATIONS)}.")
         found.update(HIDDEN_ACTIVATIONS[config["hidden_act"]])
     if "num_attention_heads" in config:
         found["num_heads"] = int(config["num_attention_heads"])
@@ -177,15 +176,16 @@ TIMM_HEADS = {"tiny": {192: 3}, "small": {384: 6}, "medium": {512: 8}, "base": {
 TIMM_HEADS_BY_NAME = {"vit_base_patch16_gap_224": 16}
 
 
-def read_timm_config(path: str, hidden_dim: int) -> tuple[dict, str | None]:
-    """What timm's `config.json` beside a weights file states of the architecture, and where the heads come from.
+def read_timm_config(files: config_files.Beside, hidden_dim: int) -> tuple[dict, str | None]:
+    """What timm's `config.json` beside a weights file (`files`) states of the architecture, and where the heads
+    come from.
 
     Returns:
         ({`num_heads`, and the `TIMM_ARCHITECTURE` fields `model_args` sets}, a phrase naming the heads' source, or
         None where nothing states them): `model_args["num_heads"]`, else the entry point's own, from its name
         (`architecture`) and the weights' width `hidden_dim`.
     """
-    config = _config_beside(path)
+    config = files.config
     if config is None or not isinstance(config.get("model_args", {}), dict):
         return {}, None
     model_args = config.get("model_args", {})
@@ -201,25 +201,6 @@ def read_timm_config(path: str, hidden_dim: int) -> tuple[dict, str | None]:
     if heads is None:
         return found, None
     return dict(found, num_heads=heads), f"timm's {name!r}"
-
-
-def _config_path(path: str) -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
-
-
-def _config_beside(path: str) -> dict | None:
-    """The `config.json` beside a weights file as a dict, or None without one; ValueError when unreadable."""
-    config_path = _config_path(path)
-    if not os.path.isfile(config_path):
-        return None
-    try:
-        with open(config_path, encoding="utf-8") as file:
-            config = json.load(file)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"Could not read the config {config_path!r} beside {path!r}: {error}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_path!r}: expected a JSON object, found {type(config).__name__}.")
-    return config
 
 
 def position_resampling(layout: str, keys) -> tuple[str, str]:
