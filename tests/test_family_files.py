@@ -158,3 +158,23 @@ def test_resize_sizes_are_transformers_own_for_every_shortest_edge():
     assert checked == 3 * sum(641 - max(160, crop) for crop in (224, 256, 336, 384, 448, 518))
     # The rule this replaced, floor(crop / (crop / edge)), is a pixel short for these, as the bug report says.
     assert {(224, edge) for edge in (354, 375, 400, 404, 408, 410, 422, 425, 426, 439)} <= fraction_rule_off
+
+
+@pytest.mark.slow
+def test_an_npz_file_not_at_224_is_built_and_exported_at_its_own_size(tmp_path):
+    """An original `.npz` file declares its size by its position table alone (a 6x6 grid of 8-pixel patches: 48 px):
+    built, exported and converted there with no size given, equal to the NumPy forward of the file (vit_jax's
+    own code is not installable here)."""
+    from keras_vit.cli import export as export_cli
+    from keras_vit.export import saved_model
+    from tests.reference import vit_logits
+    from tests.testing import TINY_VIT, save_checkpoint, vit_checkpoint
+
+    arrays = vit_checkpoint(TINY_VIT, grid=6, seed=5)
+    path = save_checkpoint(tmp_path / "vit_48.npz", arrays)
+    model = keras_vit.VisionTransformer(weights=path, classes=10, classifier_activation=None)
+    assert tuple(model.input_shape[1:3]) == (48, 48)
+    pixels = np.random.default_rng(0).uniform(0, 255, (2, 48, 48, 3)).astype("float32")
+    assert_agrees(model.predict_on_batch(pixels), vit_logits(arrays, pixels), "npz at 48 px")
+    assert export_cli.main(["--weights", path, "--out", str(tmp_path / "served"), "--version", "1"]) == 0
+    assert saved_model.read_metadata(tmp_path / "served" / "1")["image_size"] == [48, 48]
