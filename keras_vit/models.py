@@ -133,8 +133,8 @@ def VisionTransformer(
     """
     variants.check_options(options, "VisionTransformer")  # before any file is read
     file = checkpoint_loader.local_file(weights)  # one read of its header, carried to the loader
-    if file is not None and include_preprocessing:
-        file.preprocessing_needed(options)
+    if file is not None:
+        file.check_preprocessing(options, include_preprocessing)
     config = model_config(variant, file, **options)
     if file is not None and file.shapes and file.pooling == "map" and not include_top and pooling != "map":
         raise ValueError(f"{file.path!r} pools with an attention-pooling head (classifier='map', SigLIP): pass "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from typing import Any, Mapping
 
 from keras_vit import variants
@@ -78,11 +79,18 @@ class CheckpointFile:
         """True where neither the file, its config.json nor `num_heads` gives the number of heads."""
         return self.layout not in (None, KERAS_WEIGHTS) and num_heads is None and "num_heads" not in self.fixed
 
-    def preprocessing_needed(self, options: Mapping[str, Any]) -> None:
-        """Raises ValueError when the declared preprocessing is unreadable and `options` do not give the
-        normalization by hand (a model that takes pixels needs it)."""
+    def check_preprocessing(self, options: Mapping[str, Any], include_preprocessing: bool) -> None:
+        """Where the declared preprocessing is unreadable and `options` do not give the normalization by hand:
+        raises ValueError for a model that takes pixels (`include_preprocessing`), which needs it; warns for one
+        that does not, whose exports would normalize with the defaults."""
         if self.preprocessing_problem is None or all(options.get(name) is not None
                                                      for name in ("image_mean", "image_std")):
+            return
+        if not include_preprocessing:
+            warnings.warn(f"keras_vit: {self.preprocessing_problem} The weights load without it; the model's "
+                          "image_mean and image_std stay the defaults (0.5), which its exports (keras-vit-export, "
+                          "keras-vit-tflite) would normalize with: give image_mean= and image_std= for those.",
+                          stacklevel=3)
             return
         raise ValueError(f"{self.preprocessing_problem} The weights load without it: build with "
                          "include_preprocessing=False and normalize the input yourself, or give the input fields "
