@@ -40,7 +40,7 @@ class CheckpointFile:
         preprocessing_source: the file `preprocessing` was read from, or None.
         preprocessing_problem: why the declared preprocessing could not be read (an unknown processor, a value
             keras_vit cannot reproduce), or None. The weights still load; a model that normalizes its input
-            (`include_preprocessing=True`) needs the input fields given by hand (`preprocessing_needed`).
+            (`include_preprocessing=True`) needs the input fields given by hand (`check_preprocessing`).
         declared_size: (height, width) of the images the declared transform produces, or None.
     """
 
