@@ -442,7 +442,7 @@ def test_attention_served_on_eigen_runs_head_by_head_with_the_same_outputs():
               for function in (default, eigen)]
     assert (counts[0]["BatchMatMulV2"], counts[0]["Transpose"]) == (2, 4)
     assert (counts[1]["BatchMatMulV2"], counts[1]["Transpose"], counts[1]["Softmax"]) == (2 * 3, 0, 3)
-    assert kernels.fused_attention_pays(training=False) is False  # outside the scope: the explicit path
+    assert kernels.attention_kernel().fused(training=False) is False  # outside the scope: the explicit path
 
 
 def _served_on(serving_kernels: str, function, x):

@@ -175,18 +175,25 @@ def test_attention_scores_and_attention_dropout_take_the_explicit_path(monkeypat
     assert to_numpy(layer(x, training=True)).shape == (2, 5, 8)  # attention dropout: explicit
 
 
-def test_fused_attention_where_it_measured_faster(monkeypatch):
+def test_fused_attention_where_it_measured_faster_chosen_once_when_built(monkeypatch):
     monkeypatch.delenv(kernels.FUSED_ATTENTION_SWITCH, raising=False)
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
-        expected = {False: jax.default_backend() != "cpu", True: jax.default_backend() != "cpu"}
+        expected = (jax.default_backend() != "cpu",) * 2
     elif backend == "torch":
         import torch
-        expected = {False: True, True: torch.cuda.is_available()}
+        expected = (True, torch.cuda.is_available())
     else:
-        expected = {False: False, True: False}  # TensorFlow: the same composite ops, the explicit path
-    assert {training: kernels.fused_attention_pays(training) for training in (False, True)} == expected
+        expected = (False, False)  # TensorFlow: the same composite ops, the explicit path
+    layer = keras_vit.MultiHeadDotProductAttention(num_heads=2)
+    layer.build((None, 5, 8))
+    assert (layer.attention_kernel.fused(False), layer.attention_kernel.fused(True)) == expected
+    monkeypatch.setenv(kernels.FUSED_ATTENTION_SWITCH, "off" if expected[0] else "on")
+    assert layer.attention_kernel.fused(False) == expected[0]  # built: the switch read later changes nothing
+    rebuilt = keras_vit.MultiHeadDotProductAttention(num_heads=2)
+    rebuilt.build((None, 5, 8))
+    assert rebuilt.attention_kernel.fused(False) != expected[0]  # a layer built under the switch follows it
 
 
 def test_rematerialized_block_gives_the_same_training_step(monkeypatch):

@@ -4,7 +4,7 @@ The layers hold the maths (`keras_vit.layers`); they call six primitives for the
 
     dense(x, kernel, bias)             x (N, in) @ kernel (in, out) + bias
     batch_matmul(a, b, transpose_b)    a @ b (or a @ b^T) over the last two axes, leading axes batched
-    fused_attention(q, k, v, scale)    softmax(q k^T * scale) v in one call, where `fused_attention_pays`
+    fused_attention(q, k, v, scale)    softmax(q k^T * scale) v in one call, where `attention_kernel`
     layer_norm(x, gamma, beta, eps)    LayerNorm of the last axis, statistics in float32
     gelu(x, approximate)               tanh-approximate (Flax's) or exact erf GELU
     compiled_inference(call)           a decorator: the layer's own `call`, XLA-compiled in inference
@@ -39,6 +39,7 @@ Quantized layers (`model.quantize(...)`) take Keras' own quantized path, not the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import Sequence
@@ -53,7 +54,7 @@ from keras_vit.kernels.machine import (ENV_SWITCH, PORTABLE, XLA_BLOCK_MAX_ROWS,
                                        warn_if_bfloat16_is_emulated)
 from keras_vit.kernels.scope import SERVING_KERNELS, check_serving_kernels, cpu_kernels, served_on
 
-FUSED_ATTENTION_SWITCH = "KERAS_VIT_FUSED_ATTENTION"  # "on" / "off" override `fused_attention_pays`
+FUSED_ATTENTION_SWITCH = "KERAS_VIT_FUSED_ATTENTION"  # "on" / "off" override `attention_kernel`
 
 
 def dense(x, kernel, bias):
@@ -99,22 +100,39 @@ def fused_attention(query, key, value, scale: float):
     return ops.dot_product_attention(query, key, value, scale=scale)
 
 
-def fused_attention_pays(training: bool) -> bool:
-    """Whether `fused_attention` is the faster way here (measured, AMD EPYC AVX2: JAX on CPU 1.2-1.4x slower
-    than the explicit matmuls; PyTorch on CPU 1.1-2.8x faster in inference, mixed in training; TensorFlow's
-    is the same composite as the explicit path, so TensorFlow takes it only in a graph traced for Eigen serving,
-    head by head). `KERAS_VIT_FUSED_ATTENTION=on|off` overrides."""
+@dataclasses.dataclass(frozen=True)
+class AttentionKernel:
+    """Where `fused_attention` is the faster way for one attention layer, chosen once when the layer is built
+    (`attention_kernel`), as timm chooses at construction: `in_inference`, `in_training`."""
+
+    in_inference: bool
+    in_training: bool
+
+    def fused(self, training) -> bool:
+        """Whether this call takes `fused_attention`. The one thing left to the trace is the export's request:
+        a graph traced for Eigen serving (`served_on("eigen")`) computes inference head by head."""
+        if training:
+            return self.in_training
+        return self.in_inference or (keras.backend.backend() == "tensorflow" and scope.serving_kernels() == "eigen")
+
+
+def attention_kernel() -> AttentionKernel:
+    """The fused-or-explicit choice of this backend and device (measured, AMD EPYC AVX2: JAX on CPU 1.2-1.4x slower
+    than the explicit matmuls; PyTorch on CPU 1.1-2.8x faster in inference, mixed in training; TensorFlow's is the
+    same composite as the explicit path, so TensorFlow takes it only in a graph traced for Eigen serving, head by
+    head). `KERAS_VIT_FUSED_ATTENTION=on|off`, set before the layer is built, overrides."""
     forced = os.environ.get(FUSED_ATTENTION_SWITCH, "auto").lower()
     if forced in ("on", "off"):
-        return forced == "on"
+        return AttentionKernel(in_inference=forced == "on", in_training=forced == "on")
     backend = keras.backend.backend()
     if backend == "jax":
         import jax
-        return jax.default_backend() != "cpu"
+        on_accelerator = jax.default_backend() != "cpu"
+        return AttentionKernel(in_inference=on_accelerator, in_training=on_accelerator)
     if backend == "torch":
         import torch
-        return not training or torch.cuda.is_available()
-    return not training and scope.serving_kernels() == "eigen"
+        return AttentionKernel(in_inference=True, in_training=torch.cuda.is_available())
+    return AttentionKernel(in_inference=False, in_training=False)
 
 
 def layer_norm(x, gamma, beta, epsilon: float):
@@ -231,8 +249,8 @@ def _compilable_input(x) -> bool:
             and keras.backend.standardize_dtype(x.dtype) == "float32")
 
 
-__all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "SERVING_KERNELS", "XLA_BLOCK_MAX_ROWS", "Capabilities",
-           "KernelChoice", "active", "batch_matmul", "check_serving_kernels", "choose", "compiled_inference",
+__all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "SERVING_KERNELS", "XLA_BLOCK_MAX_ROWS", "AttentionKernel",
+           "Capabilities", "KernelChoice", "active", "attention_kernel", "batch_matmul", "check_serving_kernels", "choose", "compiled_inference",
            "cpu_flags", "cpu_kernels", "dense", "detect", "exact_quotient", "expect_size", "fused_attention",
-           "fused_attention_pays", "gelu", "layer_norm", "machine_choice", "rematerialized", "served_on",
+           "gelu", "layer_norm", "machine_choice", "rematerialized", "served_on",
            "warn_if_bfloat16_is_emulated"]

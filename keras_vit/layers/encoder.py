@@ -96,9 +96,10 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     (heads, head_dim)) and `attention_output` ((heads, head_dim, D), (D,)): the checkpoints' shapes and
     those of `keras.layers.MultiHeadAttention`, whose weight files load here unchanged.
 
-    Where it pays (`kernels.fused_attention_pays`: JAX and PyTorch on GPUs and TPUs, PyTorch inference on
-    CPUs) and A is neither returned nor dropped out, (A v) is one fused op (`keras.ops.dot_product_attention`);
-    in a SavedModel for Eigen servers it is computed head by head (`kernels.fused_attention`).
+    Where it pays (`kernels.attention_kernel`, chosen once when the layer is built: JAX and PyTorch on GPUs
+    and TPUs, PyTorch inference on CPUs) and A is neither returned nor dropped out, (A v) is one fused op
+    (`keras.ops.dot_product_attention`); in a SavedModel for Eigen servers it is computed head by head
+    (`kernels.fused_attention`).
 
     Args:
         num_heads: int. Attention heads; the hidden size must be divisible by it.
@@ -148,6 +149,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             else keras.layers.Identity(name=name, dtype=self.dtype_policy) for name in ("query_norm", "key_norm"))
         for norm in (self.query_norm, self.key_norm):
             norm.build((*input_shape[:-1], heads, head_dim))
+        self.attention_kernel = kernels.attention_kernel()
 
     def _new_kernel_initializer(self):
         """A copy of the kernel initializer per projection: an unseeded Keras initializer instance draws the
@@ -159,7 +161,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             self.query_dense(x), self.key_dense(context), self.value_dense(context))  # (batch, tokens, heads, hd)
         scale = 1.0 / math.sqrt(x.shape[-1] // self.num_heads)
         dropout_active = training and self.dropout_rate > 0
-        if not return_attention_scores and not dropout_active and kernels.fused_attention_pays(training):
+        if not return_attention_scores and not dropout_active and self.attention_kernel.fused(training):
             attended = kernels.fused_attention(self.query_norm(query), self.key_norm(key), value, scale)  # as below
         else:
             query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))  # (batch, heads, ...)
