@@ -13,35 +13,38 @@ from typing import Any
 
 import keras
 
-from keras_vit import features, resnet, variants
+from keras_vit import resnet, variants
+from keras_vit.geometry import ModelGeometry, model_geometry
 from keras_vit.head_rows import head_rows_model
+
+
+def _geometry(model: keras.Model) -> ModelGeometry | None:
+    """`model_geometry(model)`, or None for a model that is not a keras_vit model (any Keras image model)."""
+    try:
+        return model_geometry(model)
+    except ValueError:
+        return None
 
 
 def patch_stride(model: keras.Model) -> int | None:
     """The patch stride of a keras_vit model built for any input size (`input_shape=(None, None, 3)`), whose
     position embedding is fitted to each image's grid; None for a model of a fixed size."""
-    names = {layer.name for layer in model.layers}
-    stride = model.get_layer("posembed_input").patch_stride if "posembed_input" in names else None
-    return None if stride is None else stride[0]
+    geometry = _geometry(model)
+    return geometry.stride[0] if geometry is not None and geometry.input_size is None else None
 
 
 def image_size(model: keras.Model) -> tuple[int, int]:
     """The (height, width) a single-input RGB image model takes; raises ValueError otherwise. For a keras_vit
     model of any input size: the size its position embedding is stored for (its checkpoint's)."""
     shape = tuple(model.input_shape) if not isinstance(model.input_shape, list) else None
-    stride = patch_stride(model)
-    if stride and shape is not None and len(shape) == 4 and shape[3] == 3:
-        rows, columns = model.get_layer("posembed_input").grid_size
-        return rows * stride, columns * stride
+    geometry = _geometry(model)
+    if geometry is not None and geometry.input_size is None and shape is not None and len(shape) == 4 \
+            and shape[3] == 3:
+        return geometry.grid[0] * geometry.stride[0], geometry.grid[1] * geometry.stride[1]
     if shape is None or len(shape) != 4 or shape[1] is None or shape[2] is None or shape[3] != 3:
         raise ValueError(f"Expected a model with one input of shape (batch, height, width, 3) with a static "
                          f"height and width. Received input shape: {model.input_shape}")
     return int(shape[1]), int(shape[2])
-
-
-def _has_pixel_input(model: keras.Model) -> bool:
-    """keras_vit models built with `include_preprocessing=True` carry a `preprocessing` layer."""
-    return any(layer.name == "preprocessing" for layer in model.layers)
 
 
 def logits_model(model: keras.Model) -> keras.Model:
@@ -51,7 +54,8 @@ def logits_model(model: keras.Model) -> keras.Model:
     Raises ValueError when the model has no `head`, or when its output is neither the logits
     nor a softmax of them: probabilities computed from the logits would then be wrong.
     """
-    head = features.classifier_head(model)
+    geometry = _geometry(model)
+    head = None if geometry is None else geometry.head
     if head is None:
         last_layers = [layer.name for layer in model.layers][-4:]
         raise ValueError(f"Model {model.name!r} has no classification `head` (it ends in {last_layers}): these "
@@ -108,7 +112,8 @@ def resize_transform(fields: dict[str, Any]) -> dict[str, Any]:
 def with_pixel_input(model: keras.Model, fields: dict[str, Any] | None = None) -> keras.Model:
     """`model` itself when it takes [0, 255] pixels; else a model that normalizes them first, with `fields`
     (default: `input_fields(model)`)."""
-    if _has_pixel_input(model):
+    geometry = _geometry(model)
+    if geometry is not None and geometry.pixel_input:
         return model
     fields = fields or input_fields(model)
     image = keras.Input(shape=model.input_shape[1:], name="image")

@@ -19,6 +19,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import layers as vit_layers
+from keras_vit.geometry import model_geometry
 
 OUTPUTS = ("nhwc", "tokens")
 
@@ -77,9 +78,8 @@ class TokenGrid(keras.layers.Layer):
 
 def num_prefix_tokens(model: keras.Model) -> int:
     """The tokens before the patch grid in a keras_vit model's sequence: its class, distillation and register
-    tokens, as its layers insert them (whether or not the position embedding covers them)."""
-    return sum(layer.num_tokens if isinstance(layer, vit_layers.RegisterTokens) else 1 for layer in model.layers
-               if isinstance(layer, (vit_layers.ClassToken, vit_layers.RegisterTokens)))
+    tokens (`model_geometry(model).num_prefix_tokens`)."""
+    return model_geometry(model).num_prefix_tokens
 
 
 def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, output: str = "nhwc",
@@ -105,18 +105,17 @@ def features_model(model: keras.Model, blocks: Sequence[int] | None = None, *, o
             raise ValueError(f"Block {index} does not exist: model {model.name!r} has {len(block_layers)} blocks "
                              f"(indices {-len(block_layers)} to {len(block_layers) - 1}).")
         chosen.append(index % len(block_layers))
-    layer_names = {layer.name for layer in model.layers}
-    if norm and "encoder_norm" not in layer_names:
+    geometry = model_geometry(model)
+    if norm and geometry.encoder_norm is None:
         raise ValueError(f"norm=True needs the model's final norm 'encoder_norm', which model {model.name!r} "
                          "does not have (fc_norm=True models normalize after pooling).")
-    position = model.get_layer("posembed_input")
-    grid, stride = position.grid_size, position.patch_stride
-    prefix = num_prefix_tokens(model)
+    grid, prefix = geometry.grid, geometry.num_prefix_tokens
+    stride = geometry.stride if geometry.input_size is None else None
     outputs = {}
     for index in chosen:
         tokens = block_layers[index].output
         if norm:
-            tokens = model.get_layer("encoder_norm")(tokens)
+            tokens = geometry.encoder_norm(tokens)
         # A model of any input size: the grid of each image, from the stride.
         splitter = TokenGrid(prefix, grid if stride is None else None, output, patch_stride=stride,
                              name=f"grid_{index}")
@@ -165,17 +164,12 @@ def attention_model(model: keras.Model) -> keras.Model:
 # === Served views: embeddings, zero-shot heads, explanations ===
 
 EMBEDDING_SOURCES = ("pooled", "head")
-HEAD_NAMES = ("head_average", "zero_shot_head", "head")  # the classifier's last Dense, by preference
 
 
 def classifier_head(model: keras.Model) -> keras.layers.Layer | None:
     """The layer whose output is the model's logits (`head`; DeiT distilled: `head_average`; a zero-shot
-    classifier: `zero_shot_head`), or None for a model without a classification head."""
-    names = {layer.name for layer in model.layers}
-    for name in HEAD_NAMES:
-        if name in names:
-            return model.get_layer(name)
-    return None
+    classifier: `zero_shot_head`), or None for a model without a classification head (`model_geometry`)."""
+    return model_geometry(model).head
 
 
 def embedding_model(model: keras.Model, source: str = "pooled", l2_normalize: bool = False) -> keras.Model:
@@ -194,25 +188,17 @@ def embedding_model(model: keras.Model, source: str = "pooled", l2_normalize: bo
     """
     if source not in EMBEDDING_SOURCES:
         raise ValueError(f"Unknown embedding source {source!r}. Expected one of {EMBEDDING_SOURCES}.")
-    head = classifier_head(model)
-    if head is None and source == "head":
+    geometry = model_geometry(model)
+    if geometry.head is None and source == "head":
         raise ValueError(f"source='head' needs a classification head (a CLIP tower's projection), which model "
                          f"{model.name!r} does not have: use source='pooled'.")
-    if head is None:
-        embedding = model.outputs[0]
-        if len(embedding.shape) != 2:
-            raise ValueError(f"Model {model.name!r} outputs tokens {tuple(embedding.shape)}, not one vector per "
-                             "image: build it with include_top=False and pooling='token', 'avg' or 'map'.")
-    else:
-        embedding = head.output if source == "head" else _head_input(model, head)
+    if geometry.pooled is None:
+        raise ValueError(f"Model {model.name!r} outputs tokens {tuple(model.outputs[0].shape)}, not one vector per "
+                         "image: build it with include_top=False and pooling='token', 'avg' or 'map'.")
+    embedding = geometry.head.output if source == "head" else geometry.pooled
     if l2_normalize:
         embedding = keras.layers.UnitNormalization(axis=-1, name="l2_normalize")(embedding)
     return keras.Model(model.input, {"embedding": embedding}, name=f"{model.name}_embedding")
-
-
-def _head_input(model: keras.Model, head: keras.layers.Layer):
-    """The representation the head reads (DeiT distilled: the class token's, the input of `head`)."""
-    return model.get_layer("head").input if head.name == "head_average" else head.input
 
 
 def zero_shot_classifier(model: keras.Model, class_embeddings, *, source: str = "head", logit_scale: float = 100.0,
@@ -251,15 +237,50 @@ def zero_shot_classifier(model: keras.Model, class_embeddings, *, source: str = 
                                                                                               None))
 
 
+def rollout(attentions: Sequence):
+    """Attention rollout (Abnar & Zuidema 2020) of per-block attention weights, in float32.
+
+    Each block's weights are averaged over heads, the identity is added (the residual connection), rows are
+    renormalized, and the blocks are multiplied, first block rightmost.
+
+    Args:
+        attentions: sequence of (batch, heads, tokens, tokens) tensors, rows summing to 1.
+
+    Returns:
+        (batch, tokens, tokens) tensor whose rows sum to 1.
+    """
+    if not attentions:
+        raise ValueError("`attentions` is empty; expected one (batch, heads, tokens, tokens) array per layer.")
+    joint = None
+    for attention in attentions:
+        if len(attention.shape) != 4 or attention.shape[-1] != attention.shape[-2]:
+            raise ValueError(f"Expected attention of shape (batch, heads, tokens, tokens). "
+                             f"Received shape: {tuple(attention.shape)}")
+        attention = ops.cast(attention, "float32")
+        mixed = ops.mean(attention, axis=1) + ops.eye(attention.shape[-1], dtype="float32")
+        mixed = mixed / ops.sum(mixed, axis=-1, keepdims=True)
+        joint = mixed if joint is None else ops.matmul(mixed, joint)
+    return joint
+
+
+def rollout_map(joint, grid_size: Sequence[int], num_prefix_tokens: int, class_token: bool | None = None):
+    """The (batch, rows, columns) map of a rolled-out attention matrix (`rollout`).
+
+    With a class token (row 0; by default, whenever there are prefix tokens) it is the class token's row over the
+    patch columns: how much of the pooled representation flows from each patch (its sum is below 1, the rest stays
+    on the prefix tokens). Without one (`classifier="gap"` or `"map"`, whose output pools all tokens) it is the
+    mean of all rows.
+    """
+    patches = joint[:, :, num_prefix_tokens:]
+    class_token = bool(num_prefix_tokens) if class_token is None else class_token
+    flows = patches[:, 0] if class_token else ops.mean(patches, axis=1)
+    return ops.reshape(flows, (-1, *grid_size))
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AttentionRollout(keras.layers.Layer):
     """Attention rollout (Abnar & Zuidema 2020) in the model's graph: per-block attention weights -> the
-    (batch, rows, columns) share of the pooled output that flows from each patch.
-
-    Each block's weights are averaged over heads, the identity added (the residual) and rows renormalized; the
-    blocks are multiplied, first rightmost. The map is the class token's row over the patches (a model with a
-    class token), else the mean of all rows. `keras_vit.inspection.rollout` and `rollout_map` compute the same in
-    NumPy (float64), which the tests compare.
+    (batch, rows, columns) share of the pooled output that flows from each patch (`rollout`, `rollout_map`).
 
     Args:
         grid_size: (rows, columns) of the patch grid.
@@ -274,15 +295,7 @@ class AttentionRollout(keras.layers.Layer):
         self.class_token = class_token
 
     def call(self, attentions):
-        joint = None
-        for attention in attentions:
-            attention = ops.cast(attention, "float32")
-            mixed = ops.mean(attention, axis=1) + ops.eye(attention.shape[-1], dtype="float32")
-            mixed = mixed / ops.sum(mixed, axis=-1, keepdims=True)
-            joint = mixed if joint is None else ops.matmul(mixed, joint)
-        patches = joint[:, :, self.num_prefix_tokens:]
-        flows = patches[:, 0] if self.class_token else ops.mean(patches, axis=1)
-        return ops.reshape(flows, (-1, *self.grid_size))
+        return rollout_map(rollout(attentions), self.grid_size, self.num_prefix_tokens, self.class_token)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0][0], *self.grid_size)
@@ -299,14 +312,13 @@ def explain_model(model: keras.Model) -> keras.Model:
     the rollout over the patch grid (`AttentionRollout`), resized bilinearly to the input's height and width.
     Needs a model of a fixed input size.
     """
-    position = model.get_layer("posembed_input")
-    if position.patch_stride is not None:
+    geometry = model_geometry(model)
+    if geometry.input_size is None:
         raise ValueError(f"explain_model needs a model of a fixed input size, but model {model.name!r} takes any "
                          "size: build it at the served size, input_shape=(height, width, 3), from the same weights.")
-    height, width = model.inputs[0].shape[1:3]
+    height, width = geometry.input_size
     probe = attention_model(model)
-    class_token = any(isinstance(layer, vit_layers.ClassToken) for layer in model.layers)
-    grid = AttentionRollout(position.grid_size, num_prefix_tokens(model), class_token,
+    grid = AttentionRollout(geometry.grid, geometry.num_prefix_tokens, geometry.class_token,
                             name="attention_rollout")(probe.output["attention"])
     resized = keras.layers.Resizing(height, width, interpolation="bilinear", name="rollout_resize",
                                     dtype="float32")(ops.expand_dims(grid, -1))

@@ -14,26 +14,20 @@ import keras
 import numpy as np
 
 from keras_vit import datasets
-from keras_vit.models import ViTModel
+from keras_vit.geometry import model_geometry
+from keras_vit.vit_model import ViTModel
 
 SHOTS = (1, 5, 10, 25)
 
-# The head's input, last layer first: the pre-logits layer, the norm after pooling (`fc_norm=True`), the
-# attention pooling (`classifier="map"`), the token pooling.
-FEATURE_LAYERS = ("pre_logits", "fc_norm", "MAPHead_0", "pool")
-
 
 def feature_extractor(model: keras.Model) -> keras.Model:
-    """A model (sharing `model`'s weights) that returns its pre-logit features.
-
-    That is the output of the first of `FEATURE_LAYERS` the model has: the features `include_top=False` with
-    pooling would give.
-    """
-    names = {layer.name for layer in model.layers}
-    for name in FEATURE_LAYERS:
-        if name in names:
-            return ViTModel(model.input, model.get_layer(name).output, name=f"{model.name}_features")
-    raise ValueError(f"Model {model.name!r} has none of the layers {FEATURE_LAYERS} to take features from.")
+    """A model (sharing `model`'s weights) that returns its pre-logit features (`model_geometry(model).pooled`):
+    the head's input, the features `include_top=False` with pooling would give."""
+    pooled = model_geometry(model).pooled
+    if pooled is None:
+        raise ValueError(f"Model {model.name!r} outputs tokens, not pooled features to take: build it with "
+                         "include_top=True, or include_top=False and pooling='token', 'avg' or 'map'.")
+    return ViTModel(model.input, pooled, name=f"{model.name}_features")
 
 
 def sample_few_shot(labels: np.ndarray, shots: int, seed: int = 0) -> np.ndarray:

@@ -25,8 +25,8 @@ import keras
 import numpy as np
 
 from keras_vit import features
-from keras_vit import layers as vit_layers
 from keras_vit.atomic import atomic_write
+from keras_vit.geometry import ModelGeometry, model_geometry
 
 FILTER_CHANNELS = (1, 3)
 FIGURES = ("attention_rollout.png", "mean_attention_distance.png", "position_embedding_similarity.png",
@@ -35,11 +35,13 @@ FIGURES = ("attention_rollout.png", "mean_attention_distance.png", "position_emb
 
 # === Model anatomy ===
 
-def _find_layer(model: keras.Model, layer_type: type) -> keras.layers.Layer:
-    for layer in model.layers:
-        if isinstance(layer, layer_type):
-            return layer
-    raise ValueError(f"Model {model.name!r} has no {layer_type.__name__} layer; expected a keras_vit model.")
+def _fixed_size_geometry(model: keras.Model) -> ModelGeometry:
+    geometry = model_geometry(model)
+    if geometry.input_size is None:
+        raise ValueError(f"keras_vit.inspection needs a model of a fixed input size, but model {model.name!r} takes "
+                         "any size: build it at your images' size, input_shape=(height, width, 3), from the same "
+                         "weights.")
+    return geometry
 
 
 def token_layout(model: keras.Model) -> tuple[tuple[int, int], int, tuple[int, int]]:
@@ -50,13 +52,8 @@ def token_layout(model: keras.Model) -> tuple[tuple[int, int], int, tuple[int, i
     (height, width) in pixels of the input covered by one token (patch size times the ResNet stem's stride
     for hybrids).
     """
-    position = _find_layer(model, vit_layers.PositionEmbedding)
-    if position.patch_stride is not None:
-        raise ValueError(f"keras_vit.inspection needs a model of a fixed input size, but model {model.name!r} takes "
-                         "any size: build it at your images' size, input_shape=(height, width, 3), from the same "
-                         "weights.")
-    (rows, columns), (height, width) = position.grid_size, model.inputs[0].shape[1:3]
-    return (rows, columns), features.num_prefix_tokens(model), (height // rows, width // columns)
+    geometry = _fixed_size_geometry(model)
+    return geometry.grid, geometry.num_prefix_tokens, geometry.stride
 
 
 def _as_batch(model: keras.Model, images) -> np.ndarray:
@@ -82,45 +79,15 @@ def _attention_batches(model: keras.Model, images, batch_size: int) -> Iterator[
 # === Attention rollout ===
 
 def rollout(attentions: Sequence[np.ndarray]) -> np.ndarray:
-    """Attention rollout (Abnar & Zuidema 2020) of per-layer attention weights.
-
-    Each layer's weights are averaged over heads, the identity is added (the residual
-    connection), rows are renormalized, and the layers are multiplied, first layer
-    rightmost.
-
-    Args:
-        attentions: sequence of (batch, heads, tokens, tokens) arrays, rows summing to 1.
-
-    Returns:
-        (batch, tokens, tokens) array whose rows sum to 1.
-    """
-    if not attentions:
-        raise ValueError("`attentions` is empty; expected one (batch, heads, tokens, tokens) array per layer.")
-    joint = None
-    for attention in attentions:
-        attention = np.asarray(attention, dtype="float64")
-        if attention.ndim != 4 or attention.shape[-1] != attention.shape[-2]:
-            raise ValueError(f"Expected attention of shape (batch, heads, tokens, tokens). "
-                             f"Received shape: {attention.shape}")
-        mixed = attention.mean(axis=1) + np.eye(attention.shape[-1])
-        mixed /= mixed.sum(axis=-1, keepdims=True)
-        joint = mixed if joint is None else mixed @ joint
-    return joint
+    """`keras_vit.features.rollout` (float32) of per-layer attention weights (batch, heads, tokens, tokens), as a
+    (batch, tokens, tokens) NumPy array whose rows sum to 1."""
+    return keras.ops.convert_to_numpy(features.rollout([np.asarray(attention) for attention in attentions]))
 
 
 def rollout_map(joint: np.ndarray, grid_size: tuple[int, int], num_prefix_tokens: int,
                 class_token: bool | None = None) -> np.ndarray:
-    """The (batch, rows, columns) map of a rolled-out attention matrix.
-
-    With a class token (row 0; by default, whenever there are prefix tokens) it is the class token's row
-    over the patch columns: how much of the pooled representation flows from each patch (its sum is below
-    1, the rest stays on the prefix tokens). Without one (`classifier="gap"` or `"map"`, whose output pools
-    all tokens) it is the mean of all rows.
-    """
-    patches = joint[:, :, num_prefix_tokens:]
-    class_token = bool(num_prefix_tokens) if class_token is None else class_token
-    flows = patches[:, 0] if class_token else patches.mean(axis=1)
-    return flows.reshape(-1, *grid_size)
+    """`keras_vit.features.rollout_map` of a rolled-out attention matrix, as a (batch, rows, columns) NumPy array."""
+    return keras.ops.convert_to_numpy(features.rollout_map(joint, grid_size, num_prefix_tokens, class_token))
 
 
 def attention_rollout(model: keras.Model, images, batch_size: int = 32) -> np.ndarray:
@@ -131,9 +98,8 @@ def attention_rollout(model: keras.Model, images, batch_size: int = 32) -> np.nd
         images: (batch, height, width, channels) or one image, as the model takes them.
         batch_size: int. Images per forward pass. Defaults to `32`.
     """
-    grid_size, prefix, _ = token_layout(model)
-    class_token = any(isinstance(layer, vit_layers.ClassToken) for layer in model.layers)
-    maps = [rollout_map(rollout(attentions), grid_size, prefix, class_token)
+    geometry = _fixed_size_geometry(model)
+    maps = [rollout_map(rollout(attentions), geometry.grid, geometry.num_prefix_tokens, geometry.class_token)
             for attentions in _attention_batches(model, images, batch_size)]
     return np.concatenate(maps)
 
@@ -185,7 +151,7 @@ def position_embedding_similarity(model: keras.Model) -> np.ndarray:
     Entry `[i, j, k, l]` compares the embedding of patch (i, j) with that of patch (k, l);
     class-token rows of the table are left out.
     """
-    position = _find_layer(model, vit_layers.PositionEmbedding)
+    position = model_geometry(model).position_embedding
     table = position.embedding()
     if table is None:
         raise ValueError(f"Model {model.name!r} has position_embedding='none'; expected 'learned', "
@@ -206,7 +172,7 @@ def embedding_filters(model: keras.Model, n: int = 28) -> np.ndarray:
     Returns:
         (n, patch_height, patch_width, channels) array.
     """
-    kernel = keras.ops.convert_to_numpy(_find_layer(model, vit_layers.PatchEncoder).kernel).astype("float64")
+    kernel = keras.ops.convert_to_numpy(model_geometry(model).patch_embedding.kernel).astype("float64")
     if kernel.shape[2] not in FILTER_CHANNELS:
         raise ValueError(f"Embedding filters need a patch embedding of image pixels with {FILTER_CHANNELS} "
                          f"channels. Received kernel shape {kernel.shape} ({kernel.shape[2]} input channels; "
@@ -340,7 +306,7 @@ def write_figures(model: keras.Model, images: np.ndarray, out_dir: str, filters:
     plot_mean_distance(mean_attention_distance(model, images), paths[1],
                        uniform=patch_distances(grid_size, stride).mean())
     plot_position_similarity(position_embedding_similarity(model), paths[2])
-    channels = _find_layer(model, vit_layers.PatchEncoder).kernel.shape[2]
+    channels = model_geometry(model).patch_embedding.kernel.shape[2]
     if channels in FILTER_CHANNELS:
         plot_filters(embedding_filters(model, filters), paths[3])
     else:

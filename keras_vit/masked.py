@@ -24,13 +24,12 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit import features
 from keras_vit import layers as vit_layers
+from keras_vit.geometry import ModelGeometry, model_geometry
 from keras_vit.vit_model import CpuKernelSteps
 
 TARGETS = ("mean", "4x4", "l2")
 DOWNSAMPLED_SIZE = 4  # The "4x4" target's grid inside each patch.
-ENCODER_END = "encoder_norm"
 
 _register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -387,14 +386,17 @@ def _num_replicas() -> int:
     return tf.distribute.get_strategy().num_replicas_in_sync
 
 
-def _encoder_chain(model: keras.Model) -> list[keras.layers.Layer]:
-    """The layers from the input to `encoder_norm`, checked to be a single chain (as keras_vit builds them)."""
-    names = [layer.name for layer in model.layers]
-    for required in ("embedding", "posembed_input", ENCODER_END):
-        if required not in names:
-            raise ValueError(f"Model {model.name!r} has no layer {required!r}: expected a keras_vit model "
-                             f"(keras_vit.VisionTransformer or a variant builder).")
-    chain = model.layers[1:names.index(ENCODER_END) + 1]
+def _encoder_layers(model: keras.Model, geometry: ModelGeometry) -> list[keras.layers.Layer]:
+    """The model's layers up to the encoder's end (`encoder_norm`), its input layer included."""
+    if geometry.encoder_end is None:
+        raise ValueError(f"Model {model.name!r} has no encoder end (its final norm or last encoder block) at the top "
+                         "level: expected a keras_vit model (keras_vit.VisionTransformer or a variant builder).")
+    return model.layers[:model.layers.index(geometry.encoder_end) + 1]
+
+
+def _encoder_chain(model: keras.Model, geometry: ModelGeometry) -> list[keras.layers.Layer]:
+    """The layers from the input to the encoder's end, checked to be a single chain (as keras_vit builds them)."""
+    chain = _encoder_layers(model, geometry)[1:]
     previous = model.layers[0].output
     for layer in chain:
         if layer.input is not previous:
@@ -419,7 +421,7 @@ def masked_patch_model(model_or_builder_kwargs: keras.Model | dict[str, Any], ta
     """Wraps a keras_vit model's encoder into a masked-patch-prediction model (paper Sec. 4.6).
 
     The encoder's layers (preprocessing, hybrid ResNet stem, `embedding`, `cls`, `posembed_input`,
-    `dropout`, `encoderblock_i`, `encoder_norm`) are reused by name, weights shared with the given
+    `dropout`, `encoderblock_i`, `encoder_norm`) are reused, weights shared with the given
     model; its pooling, pre-logits and head are dropped. A `PatchCorruption` layer (`corruption`)
     sits between `embedding` and `cls`; a `MaskedPatchHead` (`masked_patch_head`) predicts each
     patch's target from its final representation; a `PatchTargets` layer (`targets`) computes the
@@ -441,22 +443,23 @@ def masked_patch_model(model_or_builder_kwargs: keras.Model | dict[str, Any], ta
         for `{"predictions", "targets", "mask"}`; compile it with an optimizer only and fit on images.
     """
     model = _build_encoder(model_or_builder_kwargs)
-    chain = _encoder_chain(model)
-    names = [layer.name for layer in chain]
-    height, width, channels = model.input_shape[1:]
-    grid = model.get_layer("posembed_input").grid_size
-    patch_size = (height // grid[0], width // grid[1])
-    value_range = (0.0, 255.0) if "preprocessing" in names else (-1.0, 1.0)
-    image = keras.Input(shape=(height, width, channels), name="image")
+    geometry = model_geometry(model)
+    if geometry.input_size is None:
+        raise ValueError(f"masked_patch_model needs a model of a fixed input size, but model {model.name!r} takes "
+                         "any size: build it with input_shape=(height, width, channels).")
+    chain = _encoder_chain(model, geometry)
+    channels = model.input_shape[-1]
+    patch_size = geometry.stride
+    image = keras.Input(shape=(*geometry.input_size, channels), name="image")
     x = image
     for layer in chain:
         x = layer(x)
-        if layer.name == "embedding":
+        if layer is geometry.patch_embedding:
             x, mask = PatchCorruption(corruption_rate, mask_rate, random_rate, seed, name="corruption")(x)
-    x = PatchTokens(features.num_prefix_tokens(model), name="patch_tokens")(x)  # class, distillation, registers
+    x = PatchTokens(geometry.num_prefix_tokens, name="patch_tokens")(x)  # class, distillation, registers
     predictions = MaskedPatchHead(target, num_target_classes(channels, bits),
                                   patch_size[0] * patch_size[1] * channels, name="masked_patch_head")(x)
-    targets = PatchTargets(patch_size, target, bits, value_range, name="targets")(image)
+    targets = PatchTargets(patch_size, target, bits, geometry.value_range, name="targets")(image)
     network = keras.Model(image, {"predictions": predictions, "targets": targets, "mask": mask},
                           name=f"{model.name}_masked_network")
     return MaskedPatchModel(network, target, name=name or f"{model.name}_masked_patches")
@@ -468,15 +471,13 @@ def masked_patch_model(model_or_builder_kwargs: keras.Model | dict[str, Any], ta
 def encoder_layers(model: keras.Model) -> list[keras.layers.Layer]:
     """The weighted encoder layers of a keras_vit model or a `MaskedPatchModel` (up to `encoder_norm`)."""
     network = model.network if isinstance(model, MaskedPatchModel) else model
-    names = [layer.name for layer in network.layers]
-    if ENCODER_END not in names:
-        raise ValueError(f"Model {model.name!r} has no layer {ENCODER_END!r}.")
-    layers = network.layers[:names.index(ENCODER_END) + 1]
+    layers = _encoder_layers(network, model_geometry(network))
     return [layer for layer in layers if layer.weights and not isinstance(layer, PatchCorruption)]
 
 
 def transfer_encoder_weights(source: keras.Model, destination: keras.Model) -> list[str]:
-    """Copies the encoder weights of `source` into the layers of the same names in `destination`.
+    """Copies the encoder weights of `source` into the encoder layers of `destination`, which must have the same
+    names, in the same order.
 
     Typically `source` is a trained `MaskedPatchModel` and `destination` a classifier built with the
     same architecture (e.g. `keras_vit.VisionTransformer(..., weights=None)`); its head and
@@ -486,15 +487,15 @@ def transfer_encoder_weights(source: keras.Model, destination: keras.Model) -> l
         The names of the layers copied.
 
     Raises:
-        ValueError: a layer missing from `destination` or a weight shape that differs (nothing is copied).
+        ValueError: encoder layers that differ by name or by a weight's shape (nothing is copied).
     """
+    sources, targets = encoder_layers(source), encoder_layers(destination)
+    source_names, target_names = [layer.name for layer in sources], [layer.name for layer in targets]
+    if source_names != target_names:
+        raise ValueError(f"Cannot move the encoder of {source.name!r} into {destination.name!r}: encoder layers "
+                         f"{source_names} vs {target_names}")
     plan, problems = [], []
-    destination_names = {layer.name for layer in destination.layers}
-    for layer in encoder_layers(source):
-        if layer.name not in destination_names:
-            problems.append(f"no layer {layer.name!r}")
-            continue
-        target = destination.get_layer(layer.name)
+    for layer, target in zip(sources, targets):
         shapes = [tuple(w.shape) for w in layer.weights]
         if shapes != [tuple(w.shape) for w in target.weights]:
             problems.append(f"layer {layer.name!r}: weights {shapes} vs {[tuple(w.shape) for w in target.weights]}")

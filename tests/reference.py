@@ -324,3 +324,30 @@ def torch_logits(state: dict, images, num_heads: int, no_embed_class: bool = Fal
     eps = eps or TORCH_EPS["timm" if "patch_embed.proj.weight" in state else "huggingface"]
     return vit_logits(released_from_torch(state, num_heads), np.asarray(images), eps=eps, gelu=gelu, pixels=False,
                       no_embed_class=no_embed_class)
+
+
+def rollout(attentions) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020) in float64: per layer, the mean over heads (batch, heads, T, T) plus
+    the identity (the residual), rows renormalized; the layers multiplied, first layer rightmost. (batch, T, T)."""
+    joint = None
+    for attention in attentions:
+        mixed = np.asarray(attention, np.float64).mean(axis=1) + np.eye(np.shape(attention)[-1])
+        mixed /= mixed.sum(axis=-1, keepdims=True)
+        joint = mixed if joint is None else mixed @ joint
+    return joint
+
+
+def rollout_map(joint: np.ndarray, grid_size, num_prefix_tokens: int, class_token: bool) -> np.ndarray:
+    """(batch, rows, columns): the class token's row of `rollout` over the patches, else the mean of all rows."""
+    patches = joint[:, :, num_prefix_tokens:]
+    flows = patches[:, 0] if class_token else patches.mean(axis=1)
+    return flows.reshape(-1, *grid_size)
+
+
+def sincos_2d(grid_size, width, temperature=10_000.0):
+    """big_vision's fixed 2-D sine-cosine table (`posemb_sincos_2d`) of a (rows, columns) grid, (rows * columns,
+    width), float64: [sin(x w), cos(x w), sin(y w), cos(y w)], w_d = temperature ** -(d / (width / 4 - 1))."""
+    y, x = np.mgrid[: grid_size[0], : grid_size[1]]
+    omega = 1.0 / temperature ** (np.arange(width // 4) / max(width // 4 - 1, 1))
+    y, x = np.outer(y.ravel(), omega), np.outer(x.ravel(), omega)
+    return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)

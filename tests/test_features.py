@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from tests import reference
 from tests.reference import layer_norm, released_names, vit_logits
 from tests.testing import TINY_VIT, randomize
 
@@ -60,6 +61,22 @@ def test_bad_requests_are_named():
         keras_vit.features_model(model, output="nchw")
     with pytest.raises(ValueError, match="norm=True needs the model's final norm 'encoder_norm'"):
         keras_vit.features_model(dinov2_like(fc_norm=True), norm=True)
+
+
+@pytest.mark.parametrize("options, prefix, class_token", [
+    (dict(), 5, True),                        # class token and 4 registers
+    (dict(classifier="gap"), 4, False),       # registers only: the mean of all rows
+], ids=["class_token", "gap"])
+def test_explain_model_rollout_is_the_numpy_rollout(options, prefix, class_token):
+    """`explain_model`'s in-graph `AttentionRollout` against the float64 NumPy rollout of the same attention."""
+    model = dinov2_like(**options)
+    x = pixels()
+    explained = keras_vit.features.explain_model(model)
+    grid = keras.Model(explained.input, explained.get_layer("attention_rollout").output)(x)
+    attentions = [np.asarray(scores) for scores in keras_vit.attention_model(model)(x)["attention"]]
+    expected = reference.rollout_map(reference.rollout(attentions), (4, 6), prefix, class_token)
+    np.testing.assert_allclose(np.asarray(grid), expected, rtol=0, atol=1e-6)
+    assert explained(x)["rollout"].shape == (2, 32, 48)
 
 
 @pytest.mark.slow

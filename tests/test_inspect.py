@@ -17,6 +17,7 @@ from keras_vit import fewshot
 from keras_vit import inspection as vit_inspect
 from keras_vit.cli import fewshot as fewshot_cli
 from keras_vit.cli import inspect as inspect_cli
+from tests import reference
 from tests.testing import TINY_VIT, digits_few_shot_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +48,17 @@ def saved_model(tmp_path_factory):
 
 def test_rollout_rows_sum_to_one():
     attentions = [row_stochastic((2, 3, 7, 7), seed) for seed in range(3)]
-    np.testing.assert_allclose(vit_inspect.rollout(attentions).sum(axis=-1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(vit_inspect.rollout(attentions).sum(axis=-1), 1.0, atol=1e-6)
+
+
+def test_rollout_matches_the_numpy_reference():
+    attentions = [row_stochastic((2, 3, 7, 7), seed) for seed in range(4)]
+    joint = vit_inspect.rollout(attentions)
+    np.testing.assert_allclose(joint, reference.rollout(attentions), rtol=0, atol=1e-6)
+    for grid, prefix, class_token in (((2, 3), 1, True), ((2, 2), 3, False), ((2, 3), 1, None)):
+        np.testing.assert_allclose(vit_inspect.rollout_map(joint, grid, prefix, class_token),
+                                   reference.rollout_map(joint, grid, prefix, class_token is not False),
+                                   rtol=0, atol=1e-7)
 
 
 def test_rollout_known_answer():
@@ -64,7 +75,7 @@ def test_identity_attention_gives_uniform_map():
     joint = vit_inspect.rollout([identity, identity])
     np.testing.assert_allclose(joint[0], np.eye(6))
     # Without a class token (GAP) every patch carries 1/N of the output.
-    np.testing.assert_allclose(vit_inspect.rollout_map(joint, (2, 3), 0), np.full((1, 2, 3), 1 / 6))
+    np.testing.assert_allclose(vit_inspect.rollout_map(joint, (2, 3), 0), np.full((1, 2, 3), 1 / 6), rtol=1e-6)
     # With one, the class token only ever attends to itself: no patch contributes.
     np.testing.assert_allclose(vit_inspect.rollout_map(joint, (1, 5), 1), np.zeros((1, 1, 5)))
 
@@ -72,7 +83,7 @@ def test_identity_attention_gives_uniform_map():
 def test_uniform_attention_gives_uniform_class_token_map():
     uniform = np.full((1, 2, 7, 7), 1 / 7)
     heatmap = vit_inspect.rollout_map(vit_inspect.rollout([uniform] * 3), (2, 3), 1)
-    np.testing.assert_allclose(heatmap, np.full((1, 2, 3), heatmap[0, 0, 0]))
+    np.testing.assert_allclose(heatmap, np.full((1, 2, 3), heatmap[0, 0, 0]), rtol=1e-6)
     assert heatmap[0, 0, 0] > 0
 
 
@@ -100,13 +111,8 @@ def test_rollout_and_distance_skip_every_prefix_token(options, prefix, class_tok
     model = tiny_model(**options)
     images = random_images()
     assert vit_inspect.token_layout(model)[1] == prefix
-    joint = None  # the rollout, written out here: mean over heads, plus the residual, rows normalized, multiplied
-    for attention in keras_vit.attention_model(model)(images)["attention"]:
-        mixed = np.asarray(attention, np.float64).mean(axis=1) + np.eye(attention.shape[-1])
-        mixed /= mixed.sum(axis=-1, keepdims=True)
-        joint = mixed if joint is None else mixed @ joint
-    patches = joint[:, :, prefix:]
-    expected = (patches[:, 0] if class_token else patches.mean(axis=1)).reshape(2, 4, 6)
+    attentions = [np.asarray(attention) for attention in keras_vit.attention_model(model)(images)["attention"]]
+    expected = reference.rollout_map(reference.rollout(attentions), (4, 6), prefix, class_token)
     np.testing.assert_allclose(vit_inspect.attention_rollout(model, images), expected, rtol=1e-5, atol=1e-7)
     distances = vit_inspect.mean_attention_distance(model, images)
     assert distances.shape == (2, 3) and np.all(distances > 0)
@@ -247,7 +253,7 @@ def test_feature_extractor_takes_the_heads_input():
         extractor = fewshot.feature_extractor(model)
         assert extractor.layers[-1].name == layer
         np.testing.assert_array_equal(np.asarray(extractor(images)), np.asarray(head_input(images)))
-    with pytest.raises(ValueError, match="none of the layers"):
+    with pytest.raises(ValueError, match="outputs tokens, not pooled features"):
         fewshot.feature_extractor(tiny_model(include_top=False))
 
 

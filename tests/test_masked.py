@@ -216,6 +216,17 @@ def test_wraps_a_given_model_and_shares_its_weights():
     assert model.network.get_layer("targets").value_range == (-1.0, 1.0)  # No preprocessing layer: [-1, 1].
     with pytest.raises(ValueError, match="Unknown target"):
         masked.masked_patch_model(vit, target="colour")
+    normalized = keras_vit.VisionTransformer(input_shape=SHAPE, weights=None, include_preprocessing=False,
+                                             image_std=(0.25, 0.25, 0.25), **TINY_VIT)
+    targets = masked.masked_patch_model(normalized, target="l2", seed=0).network.get_layer("targets")
+    assert targets.value_range == (-2.0, 2.0)  # [0, 1] pixels through (x - 0.5) / 0.25
+
+
+def test_encoder_weights_move_only_between_the_same_encoder_layers():
+    model = _tiny_masked()
+    with_norm_pre = keras_vit.VisionTransformer(input_shape=SHAPE, weights=None, norm_pre=True, **TINY_VIT)
+    with pytest.raises(ValueError, match=r"encoder layers \['embedding', 'cls', 'posembed_input', 'encoderblock_0'"):
+        masked.transfer_encoder_weights(model, with_norm_pre)
 
 
 @pytest.mark.slow
@@ -350,6 +361,11 @@ def test_masked_digits_rerun_after_a_stop_does_not_train_completed_runs_again(tm
         return train_and_evaluate(config, workdir, **options)
 
     monkeypatch.setattr(trainer, "train_and_evaluate", stopping)
+    # The training runs' encoder (tests.testing.TRAIN_VIT at 16 px) and 2 pre-training steps an epoch: which runs
+    # train again does not depend on the model's size or the epoch's length.
+    monkeypatch.setattr(masked_digits, "_architecture", lambda classifier: [
+        *TRAIN_VIT_OVERRIDES, "image_size=16", f"classifier={classifier}"])
+    monkeypatch.setattr(masked_digits, "PRETRAIN", [*masked_digits.PRETRAIN, "steps_per_epoch=2"])
     tiny = dict(pretrain_epochs=1, shots=(1,), seeds=1, finetune_epochs=1, finetune_seeds=1)
     with pytest.raises(KeyboardInterrupt):
         masked_digits.measure(str(tmp_path), **tiny)

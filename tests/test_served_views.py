@@ -14,9 +14,11 @@ import pytest
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import features, fewshot, image_io, inspection
+from keras_vit import features, fewshot, image_io
 from keras_vit.cli import export as export_cli
 from keras_vit.export import model_io, saved_model
+from keras_vit.geometry import model_geometry
+from tests import reference
 from tests.test_export import TF1Server, tiny_model
 
 PIXELS = np.random.default_rng(3).uniform(0, 255, (3, 32, 32, 3)).astype("float32")
@@ -32,7 +34,11 @@ def test_rollout_layer_matches_the_numpy_rollout(kind, overrides):
     model = tiny_model(kind, **overrides)
     explained = features.explain_model(model)
     grid = keras.Model(explained.input, explained.get_layer("attention_rollout").output)(PIXELS)
-    np.testing.assert_allclose(np.asarray(grid), inspection.attention_rollout(model, PIXELS), rtol=0, atol=1e-6)
+    attentions = [np.asarray(a) for a in keras_vit.attention_model(model)(PIXELS)["attention"]]  # float64 oracle:
+    geometry = model_geometry(model)
+    expected = reference.rollout_map(reference.rollout(attentions), geometry.grid, geometry.num_prefix_tokens,
+                                     geometry.class_token)
+    np.testing.assert_allclose(np.asarray(grid), expected, rtol=0, atol=1e-6)
     outputs = explained(PIXELS)
     assert outputs["rollout"].shape == (3, 32, 32)
     np.testing.assert_allclose(np.asarray(outputs["output"]), np.asarray(model(PIXELS)), rtol=0, atol=1e-6)
