@@ -418,9 +418,3 @@ def _check_text(result: dict[str, Any], thresholds: dict[str, Any]) -> str:
         rule = f"top-1 drop <= {thresholds['max_top1_drop']:.1f} points"
     verdict = "REFUSED, not written" if result["refused"] else "PASS" if result["passed"] else "FAIL"
     return f"{verdict} ({rule}, built-in ops only)"
-
-
-if __name__ == "__main__":  # `python -m export.tflite` in a clone: the `keras-vit-tflite` command.
-    from keras_vit.cli.tflite import main
-
-    raise SystemExit(main())

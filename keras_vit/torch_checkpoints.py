@@ -26,5 +26,6 @@ def convert_safetensors(checkpoint: str, output: str, *, variant: str | None = N
 
 
 warnings.warn("keras_vit.torch_checkpoints is deprecated: import from keras_vit.checkpoints.safetensors_file and "
-              "keras_vit.checkpoints.torch_layout instead, and convert with keras_vit.convert.convert_checkpoint.",
+              "keras_vit.checkpoints.torch_layout instead, and convert with keras_vit.convert.convert_checkpoint; 0.4 "
+              "removes it.",
               DeprecationWarning, stacklevel=2)

@@ -14,5 +14,5 @@ __all__ = ["Checkpoint", "IMAGENET21K_CLASSES", "IMAGENET_CLASSES", "KEY_TABLE",
            "resolve"]
 
 warnings.warn("keras_vit.weights is deprecated: import from keras_vit.checkpoints.loader, keras_vit.checkpoints.npz "
-              "and keras_vit.checkpoints.registry instead (or keras_vit.load_weights).", DeprecationWarning,
-              stacklevel=2)
+              "and keras_vit.checkpoints.registry instead (or keras_vit.load_weights); 0.4 removes it.",
+              DeprecationWarning, stacklevel=2)

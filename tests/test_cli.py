@@ -4,6 +4,8 @@ lines and resume: tests/test_training_runs.py."""
 
 import importlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import keras
@@ -40,6 +42,36 @@ def _console_scripts() -> dict[str, str]:
 
 def test_every_command_but_train_is_covered():
     assert set(_console_scripts()) - set(ARGUMENTS) == {"keras-vit-train"}  # Its own line says how to resume.
+
+
+# The packages that make a command's start slow (seconds): `--help` imports none of them.
+HEAVY = {"keras", "tensorflow", "jax", "jaxlib", "torch"}
+
+
+def _help_command(command: str, target: str) -> list[str]:
+    """The installed console script, or (a source tree that was never installed) what its wrapper runs."""
+    script = Path(sys.executable).with_name(command)
+    if script.exists():
+        return [str(script), "--help"]
+    module, entry = target.split(":")
+    return [sys.executable, "-c", f"import sys; sys.argv[0] = {command!r}; from {module} import {entry}; {entry}()",
+            "--help"]
+
+
+@pytest.mark.parametrize("command", sorted(SETUP["entry_points"]["console_scripts"]),
+                         ids=lambda entry: entry.split("=")[0])
+def test_help_is_instant_it_imports_no_keras_tensorflow_or_jax(command):
+    """Every command's `--help` prints its help without importing Keras or a backend (`import keras_vit` is lazy and
+    each command imports its tools after parsing): `-X importtime` lists every module the process imported."""
+    command, target = command.split("=")
+    done = subprocess.run(_help_command(command, target), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert command in done.stdout and "--" in done.stdout, done.stdout
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert "keras_vit" in imported, done.stderr[-2000:]  # the import times were listed
+    assert imported & HEAVY == set(), f"{command} --help imports {sorted(imported & HEAVY)}"
 
 
 def _stopped(command: str, raised: BaseException, monkeypatch) -> int:
@@ -101,6 +133,24 @@ def test_atomic_write_replaces_only_a_whole_file(tmp_path):
         assert partial.endswith(".weights.h5")
         Path(partial).write_bytes(b"weights")
     assert os.listdir(tmp_path / "new") == ["model.weights.h5"]
+
+
+def test_atomic_write_replaces_only_a_whole_folder(tmp_path):
+    target = tmp_path / "base" / "3"  # a SavedModel version folder; its parent is made
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_write(target, folder=True) as partial:
+            (Path(partial) / "saved_model.pb").write_bytes(b"half")
+            raise KeyboardInterrupt
+    assert os.listdir(tmp_path / "base") == []
+    with atomic_write(target, folder=True) as partial:
+        (Path(partial) / "marker").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_write(target, folder=True) as partial:
+            raise RuntimeError
+    assert os.listdir(tmp_path / "base") == ["3"] and os.listdir(target) == ["marker"]
+    with atomic_write(target, folder=True) as partial:  # an older folder is replaced whole
+        (Path(partial) / "saved_model.pb").write_bytes(b"new")
+    assert os.listdir(tmp_path / "base") == ["3"] and os.listdir(target) == ["saved_model.pb"]
 
 
 @pytest.mark.parametrize("output", ["vit.weights.h5", "vit.keras"])

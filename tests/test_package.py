@@ -1,8 +1,10 @@
 """The package as an application meets it: importing it changes nothing of the process's."""
 
+import importlib
 import json
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -62,6 +64,7 @@ def test_the_0_2_checkpoint_module_paths_warn_and_re_export_keras_vit_checkpoint
                                "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"{module} is deprecated: import from {new}" in done.stdout
+    assert "0.4 removes it." in done.stdout
     import importlib
     import warnings
     with warnings.catch_warnings():
@@ -78,6 +81,92 @@ def test_the_0_2_checkpoint_module_paths_warn_and_re_export_keras_vit_checkpoint
         with pytest.warns(DeprecationWarning, match="convert_npz is deprecated: call convert_checkpoint .*0.4 "
                                                     "removes"), pytest.raises(FileNotFoundError):
             keras_vit.convert.convert_npz("no_such.npz", "out.weights.h5")
+
+
+# ---------------------------------------------------------------------------------------
+# `import keras_vit` is lazy: the names of 0.2, no Keras until one is used, `.keras` files load as before
+# ---------------------------------------------------------------------------------------
+
+# What `from keras_vit import *` gave in 0.2, when `keras_vit/__init__.py` imported them all (and no `__all__`).
+PUBLIC_NAMES = [
+    "BUILDERS", "BottleneckUnit", "Checkpoint", "ClassToken", "LayerNorm", "LayerScale", "MAPHead", "MaskedPatchHead",
+    "MaskedPatchModel", "MlpBlock", "MultiHeadDotProductAttention", "PatchCorruption", "PatchEncoder", "PatchTargets",
+    "PatchTokens", "Patches", "PositionEmbedding", "R26ViTS32", "R50ViTB16", "R50ViTL32", "RegisterTokens",
+    "StdConv2D", "StochasticDepth", "TokenGrid", "TokenPooling", "TransformerBlock", "VARIANTS", "ViTB16", "ViTB32",
+    "ViTB8", "ViTConfig", "ViTH14", "ViTL16", "ViTL32", "ViTModel", "ViTS16", "ViTS32", "ViTTi16",
+    "VisionTransformer", "attention_model", "checkpoints", "decode_predictions", "decode_variant", "features",
+    "features_model", "head_rows", "head_rows_model", "imagenet", "kernels", "layers", "list_weights", "load_weights",
+    "masked", "masked_patch_loss", "masked_patch_model", "models", "patch_targets", "preprocess_input", "read_npz",
+    "resample_position_embedding", "resnet", "transfer_encoder_weights", "variants", "vit_model"]
+
+
+def test_the_public_names_are_those_of_0_2_and_each_is_what_its_module_defines():
+    import keras_vit
+    from keras_vit import checkpoints, layers, models, vit_model
+    assert keras_vit.__all__ == sorted(PUBLIC_NAMES)
+    namespace = {}
+    exec("from keras_vit import *", namespace)
+    assert sorted(set(namespace) - {"__builtins__"}) == sorted(PUBLIC_NAMES)
+    assert set(PUBLIC_NAMES) | {"__version__"} <= set(dir(keras_vit))
+    assert keras_vit.load_weights is checkpoints.loader.load and keras_vit.layers is layers
+    assert keras_vit.ViTB16 is models.ViTB16 and keras_vit.ViTModel is vit_model.ViTModel
+    assert keras_vit.PatchEncoder is keras_vit.layers.PatchEncoder
+    with pytest.raises(AttributeError, match="has no attribute 'ViTB99'"):
+        keras_vit.ViTB99
+    with pytest.warns(DeprecationWarning, match="keras_vit.inspect is now keras_vit.inspection.*0.4 removes"):
+        assert keras_vit.inspect is importlib.import_module("keras_vit.inspection")
+
+
+def test_import_keras_vit_imports_no_keras():
+    script = ("import sys\nimport keras_vit\nprint(keras_vit.__version__, sorted({name.split('.')[0] for name in "
+              "sys.modules} & {'keras', 'tensorflow', 'jax', 'torch'}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": ":".join(sys.path)})
+    import keras_vit
+    assert done.stdout.split() == [keras_vit.__version__, "[]"]
+
+
+# Each loads tests/data/vit_0_2_0.keras with nothing but `keras.saving.load_model` after these imports.
+_LOAD_AFTER = """
+import importlib, json, pkgutil, sys, warnings
+{imports}
+import numpy as np
+path, io = sys.argv[1], np.load(sys.argv[2])
+registered = sorted(name for name in keras.saving.get_custom_objects() if name.startswith("keras_vit>"))
+loaded = keras.saving.load_model(path)
+assert type(loaded).__name__ == "ViTModel", type(loaded)
+np.testing.assert_allclose(loaded.predict(io["images"], verbose=0), io["embeddings"], rtol=0, atol=1e-5)
+import keras_vit
+warnings.simplefilter("ignore", DeprecationWarning)
+for module in pkgutil.walk_packages(keras_vit.__path__, "keras_vit."):  # every Keras class of the library
+    if module.name.split(".")[1] not in ("cli", "training", "export"):
+        importlib.import_module(module.name)
+every = sorted(name for name in keras.saving.get_custom_objects() if name.startswith("keras_vit>"))
+print(json.dumps({{"registered": registered, "every": every}}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("imports", ["import keras_vit\nimport keras", "import keras\nimport keras_vit",
+                                     "from keras_vit.layers import PatchEncoder\nimport keras"],
+                         ids=["keras_vit_then_keras", "keras_then_keras_vit", "a_submodule_first"])
+def test_a_keras_file_loads_after_a_bare_import_keras_vit(imports):
+    """`import keras_vit` imports no Keras, yet registers every Keras class of keras_vit as soon as Keras is imported
+    (before or after it), as 0.2 did by importing everything: a `.keras` file then loads without `custom_objects`."""
+    import keras
+    from pathlib import Path
+    data = Path(__file__).parent / "data"
+    with zipfile.ZipFile(data / "vit_0_2_0.keras") as archive:
+        written_by = json.loads(archive.read("metadata.json"))["keras_version"]
+    if tuple(map(int, keras.__version__.split(".")[:3])) < tuple(map(int, written_by.split(".")[:3])):
+        pytest.skip(f"written by Keras {written_by}, whose configs Keras {keras.__version__} cannot read")
+    done = subprocess.run([sys.executable, "-c", _LOAD_AFTER.format(imports=imports), str(data / "vit_0_2_0.keras"),
+                           str(data / "vit_0_2_0_io.npz")], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONPATH": ":".join(sys.path),
+                               "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = json.loads(done.stdout.strip().splitlines()[-1])
+    assert names["registered"] == names["every"] and len(names["every"]) > 20
 
 
 # ---------------------------------------------------------------------------------------

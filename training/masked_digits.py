@@ -128,9 +128,3 @@ def measure(workdir: str, pretrain_epochs: int = 30, classifier: str = "gap", sh
                                       "seconds": round(float(np.mean([s for _, s in runs])))}
     write_json(os.path.join(workdir, "summary.json"), result)
     return result
-
-
-if __name__ == "__main__":  # `python -m training.masked_digits` in a clone: `keras-vit-masked-digits`.
-    from keras_vit.cli.masked_digits import main
-
-    raise SystemExit(main())

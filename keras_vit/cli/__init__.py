@@ -11,14 +11,15 @@
 `python -m keras_vit.cli.<name>` runs the same. The flags that pick a model are the same everywhere
 (`common.add_model_arguments`). Nothing here is imported by `import keras_vit`.
 
-Each command's `--help` works on the base install (`pip install keras_vit`, no backend): the parsers import
-nothing heavy. `main` first calls `require(command, extra)`, which ends the run with one line naming the extra
-to install when a distribution of that extra (as the installed package declares it) or a Keras backend is
-missing, instead of an ImportError traceback. Bad input (a ValueError or OSError: an unknown variant, a missing
-file) ends a command with `<command>: error: <message>` (`error_line`) and exit status 1, and Ctrl-C with one line
-and exit status 130 (`one_line_exits`; `keras-vit-train`'s own handlers end its errors with the same line, and its
-Ctrl-C line says how to resume), not a traceback. `KERAS_VIT_TRACEBACK=1` shows the traceback of such an error
-instead.
+Each command's `--help` is instant and works on the base install (`pip install keras_vit`, no backend): `import
+keras_vit` imports no Keras, and the parsers import nothing heavy (tests/test_cli.py checks that no Keras,
+TensorFlow or JAX is imported). `main` first calls `require(command, extra)`, which ends the run with one line
+naming the extra to install when a distribution of that extra (as the installed package declares it) or a Keras
+backend is missing, instead of an ImportError traceback. Bad input (a ValueError or OSError: an unknown variant, a
+missing file) ends a command with `<command>: error: <message>` (`error_line`) and exit status 1, and Ctrl-C with
+one line and exit status 130 (`one_line_exits`; `keras-vit-train`'s own handlers end its errors with the same line,
+and its Ctrl-C line says how to resume), not a traceback. `KERAS_VIT_TRACEBACK=1` shows the traceback of such an
+error instead.
 
 TensorFlow, which the `training` and `export` extras run on, is checked by import, not by distribution name:
 those extras do not declare it (the `tensorflow` extra does), so that they install beside the TensorFlow an
@@ -97,7 +98,7 @@ def require(command: str, extra: str | None) -> None:
     if problem:
         raise SystemExit(f"{command} needs {_TENSORFLOW}, {problem[0]}: {problem[1]}")
     try:
-        import keras  # noqa: F401  (needs a backend)
+        importlib.import_module("keras")  # needs a backend
     except ImportError as error:
         raise SystemExit(f"{command} needs Keras with a backend ({error}): pip install \"keras_vit[tensorflow]\" "
                          "(or JAX or PyTorch, with KERAS_BACKEND set)") from None

@@ -8,10 +8,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
-
 if TYPE_CHECKING:
     import keras
+    import numpy as np
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,6 +59,8 @@ def model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 def load_image(path: str, height: int, width: int, channels: int) -> np.ndarray:
     """Reads an image file as (height, width, channels) float32 pixels in [0, 255]."""
+    import numpy as np
+
     try:
         from PIL import Image
     except ImportError as error:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-import numpy as np
-
 from keras_vit import cli
 from keras_vit.cli import common
 
@@ -36,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     cli.require("keras-vit-inspect", "inspect")
+    import numpy as np
+
     from keras_vit import inspection as inspect
 
     model = common.model_from_args(parser, args)

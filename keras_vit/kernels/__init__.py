@@ -249,8 +249,8 @@ def _compilable_input(x) -> bool:
             and keras.backend.standardize_dtype(x.dtype) == "float32")
 
 
-__all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "SERVING_KERNELS", "XLA_BLOCK_MAX_ROWS", "AttentionKernel",
-           "Capabilities", "KernelChoice", "active", "attention_kernel", "batch_matmul", "check_serving_kernels", "choose", "compiled_inference",
-           "cpu_flags", "cpu_kernels", "dense", "detect", "exact_quotient", "expect_size", "fused_attention",
-           "gelu", "layer_norm", "machine_choice", "rematerialized", "served_on",
-           "warn_if_bfloat16_is_emulated"]
+__all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "SERVING_KERNELS", "XLA_BLOCK_MAX_ROWS",
+           "AttentionKernel", "Capabilities", "KernelChoice", "active", "attention_kernel", "batch_matmul",
+           "check_serving_kernels", "choose", "compiled_inference", "cpu_flags", "cpu_kernels", "dense", "detect",
+           "exact_quotient", "expect_size", "fused_attention", "gelu", "layer_norm", "machine_choice",
+           "rematerialized", "served_on", "warn_if_bfloat16_is_emulated"]
