@@ -5,8 +5,8 @@
 
 (`python -m export.saved_model` in a clone; the command line is `keras_vit/cli/export.py`.)
 
-The version is written atomically: everything (SavedModel and warmup requests) is built in a
-hidden temporary directory next to it, which is then renamed to `<version>`. TF Serving only
+The version is written atomically (`keras_vit.atomic.atomic_write`): everything (SavedModel and warmup
+requests) is built in a hidden temporary directory next to it, which is then renamed to `<version>`. TF Serving only
 watches numeric directories, so it never sees a half-written version; a failed export removes
 the temporary directory and leaves no `<version>/`.
 """
@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_vit import image_io
+from keras_vit.atomic import atomic_write
 
 from . import model_io, serving
 
@@ -99,36 +98,11 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
                 "signatures": ["serving_default", serving.BYTES_SIGNATURE, *signatures],
                 "preprocessing": {name: list(value) if isinstance(value, tuple) else value
                                   for name, value in model_io.input_fields(model).items()}}
-    base.mkdir(parents=True, exist_ok=True)
-
-    def write(directory: Path) -> None:
-        archive.write_out(str(directory), verbose=False)
-        write_warmup_requests(directory, size, model_name=base.name)
-        (directory / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
-
-    _write_atomically(target, write)
+    with atomic_write(target, folder=True) as partial:  # makes `base` where there is none
+        archive.write_out(partial, verbose=False)
+        write_warmup_requests(partial, size, model_name=base.name)
+        (Path(partial) / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
     return target
-
-
-def _write_atomically(target: Path, write: Callable[[Path], None]) -> None:
-    """Calls `write(tmp)` on a fresh temporary directory next to `target`, then renames it to `target`.
-
-    An existing `target` is swapped out only after `write` succeeded. On any error the
-    temporary directory is removed and `target` is left as it was.
-    """
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        write(staging)
-        if target.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            os.rename(target, retired / target.name)
-            os.rename(staging, target)
-            shutil.rmtree(retired)
-        else:
-            os.rename(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def warmup_image(size: tuple[int, int]) -> np.ndarray:
@@ -185,9 +159,3 @@ def write_warmup_requests(saved_model_dir: str | os.PathLike, size: tuple[int, i
 def read_metadata(saved_model_dir: str | os.PathLike) -> dict:
     """The export's limits and settings from `assets.extra/keras_vit_export.json`."""
     return json.loads((Path(saved_model_dir) / METADATA_FILE).read_text(encoding="utf-8"))
-
-
-if __name__ == "__main__":  # `python -m export.saved_model` in a clone: the `keras-vit-export` command.
-    from keras_vit.cli.export import main
-
-    raise SystemExit(main())

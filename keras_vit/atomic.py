@@ -1,30 +1,44 @@
-"""Files written whole or not at all: `atomic_write(path)` (the converter's output, the inspection figures, the
-LiteRT report) and `write_json(path, value)` (a training backup's config, keras-vit-masked-digits' records)."""
+"""Files and folders written whole or not at all: `atomic_write(path)` (the converter's output, the inspection
+figures, the LiteRT report), `atomic_write(path, folder=True)` (a SavedModel version folder) and `write_json(path,
+value)` (a training backup's config, keras-vit-masked-digits' records)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from typing import Iterator
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike) -> Iterator[str]:
-    """Yields a hidden path beside `path`, with its ending (`.keras`, `.weights.h5`, `.png`: what writers read the
-    format from), to write to. It is moved to `path` when the block ends, and removed if the block raises (Ctrl-C
-    too): `path` is never half-written, and an older file there stays whole until the new one replaces it."""
-    folder, name = os.path.split(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    ending = name[name.index("."):] if "." in name else ""
-    handle, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=f".partial{ending}")
-    os.close(handle)
+def atomic_write(path: str | os.PathLike, folder: bool = False) -> Iterator[str]:
+    """Yields a hidden path beside `path` to write to: a file path with `path`'s ending (`.keras`, `.weights.h5`,
+    `.png`: what writers read the format from), or with `folder` an empty folder. It replaces `path` when the block
+    ends, and is removed if the block raises (Ctrl-C too): `path` is never half-written, and an older one there
+    stays whole until the new one replaces it."""
+    parent, name = os.path.split(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    if folder:
+        partial = tempfile.mkdtemp(dir=parent, prefix=f".{name}.", suffix=".partial")
+    else:
+        ending = name[name.index("."):] if "." in name else ""
+        handle, partial = tempfile.mkstemp(dir=parent, prefix=f".{name}.", suffix=f".partial{ending}")
+        os.close(handle)
     try:
         yield partial
-        os.replace(partial, path)
+        if folder and os.path.exists(path):  # a folder cannot be renamed over another: the old one moves aside
+            retired = tempfile.mkdtemp(dir=parent, prefix=f".{name}.", suffix=".old")
+            os.rename(path, os.path.join(retired, name))
+            os.rename(partial, path)
+            shutil.rmtree(retired)
+        else:
+            os.replace(partial, path)
     finally:
-        if os.path.exists(partial):
+        if os.path.isdir(partial):
+            shutil.rmtree(partial, ignore_errors=True)
+        elif os.path.exists(partial):
             os.remove(partial)
 
 

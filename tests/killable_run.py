@@ -38,7 +38,7 @@ if __name__ == "__main__":
     if cluster.given:
         multihost.initialize(cluster, join_timeout_s=60,
                              heartbeat_timeout_s=int(os.environ.get("HEARTBEAT_TIMEOUT_S", "10")))
-    marker = os.path.join(workdir, f"killed_worker_{distribute.worker_index()}")
+    marker = os.path.join(workdir, f"killed_worker_{multihost.process_index()}")
     config = configs.apply_overrides(configs.get_config("digits"), overrides)
     summary = trainer.train_and_evaluate(config, workdir, strategy=distribute.get_strategy(strategy),
                                          callbacks=[KillOnce(int(kill_at), marker)], verbose=0)

@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 from keras_vit import models, variants
-from keras_vit.checkpoints import config_files, loader, reader, safetensors_file, torch_layout
+from keras_vit.checkpoints import config_files, loader, reader, safetensors_file
 from tests.testing import REPO, TINY_VIT, hf_state_dict, save_checkpoint, save_safetensors, vit_checkpoint
 
 
@@ -116,7 +116,7 @@ def test_a_weights_file_header_and_config_json_are_read_once(tmp_path, monkeypat
                                                                  "size": 32}))
     counts = {}
     _counting(monkeypatch, safetensors_file, "read_header", counts)
-    _counting(monkeypatch, torch_layout, "read_hf_config", counts)
+    _counting(monkeypatch, config_files, "read_hf_config", counts)
     _counting(monkeypatch, config_files, "read_json", counts)  # each JSON file beside it, once
     model = keras_vit.VisionTransformer(weights=path, input_shape=(32, 32, 3), classes=10,
                                         include_preprocessing=False)

@@ -1,6 +1,7 @@
 """Models of any input size (`input_shape=(None, None, 3)`): the position embedding, stored at the checkpoint's grid,
 is fitted to each image's grid inside the graph. The reference is a model built at the image's size, whose weights
-the loader resamples with the NumPy code (`checkpoints.npz.resample_position_embedding`) at build time."""
+the loader resamples in float64 (`checkpoints.npz.resample_position_embedding`) at build time; the NumPy oracles are
+tests/reference.py's."""
 
 import json
 import os
@@ -19,6 +20,7 @@ from keras_vit import inspection as vit_inspect
 from keras_vit import layers as vit_layers
 from keras_vit import models
 from keras_vit.checkpoints import loader, npz, resample
+from tests.reference import sincos_2d, zoom_linear
 from tests.testing import (REPO, TINY_HYBRID, TINY_VIT, graph_op_types, hf_state_dict, save_checkpoint,
                            save_safetensors, timm_family_state_dict, timm_state_dict, to_numpy, vit_checkpoint,
                            xla_flags)
@@ -53,11 +55,11 @@ def any_size_model(checkpoint):
 @pytest.mark.parametrize("length, size", [(5, 1), (5, 2), (5, 5), (5, 8), (7, 3), (4, 13), (1, 6), (14, 40)])
 def test_zoom_axis_is_the_numpy_resampling(length, size):
     x = np.random.default_rng(length * size).normal(size=(length, 3, 6)).astype("float32")
-    expected = resample.zoom_axis(x.astype("float64"), 0, size)
-    np.testing.assert_allclose(to_numpy(vit_layers.zoom_axis(x, 0, size)), expected, atol=1e-6, rtol=0)
-    in_graph = tf.function(lambda table, n: vit_layers.zoom_axis(table, 0, n))  # the size as a run-time tensor
+    expected = zoom_linear(x.reshape(length, 1, -1).astype("float64"), size, 1).reshape(size, *x.shape[1:])
+    np.testing.assert_allclose(to_numpy(resample.zoom_axis(x, 0, size)), expected, atol=1e-6, rtol=0)
+    in_graph = tf.function(lambda table, n: resample.zoom_axis(table, 0, n))  # the size as a run-time tensor
     np.testing.assert_allclose(in_graph(x, tf.constant(size)).numpy(), expected, atol=1e-6, rtol=0)
-    np.testing.assert_allclose(to_numpy(vit_layers.zoom_axis(np.swapaxes(x, 0, 1), 1, size)),
+    np.testing.assert_allclose(to_numpy(resample.zoom_axis(np.swapaxes(x, 0, 1), 1, size)),
                                np.swapaxes(expected, 0, 1), atol=1e-6, rtol=0)
 
 
@@ -80,8 +82,8 @@ def test_layer_table_is_the_loader_resampling(prefix):
 
 def test_sincos_grid_is_the_numpy_table():
     for grid in ((3, 5), (14, 14), (1, 1)):
-        np.testing.assert_allclose(to_numpy(vit_layers.sincos_2d_grid(grid, 48)),
-                                   vit_layers.sincos_2d_position_embedding(grid, 48), atol=2e-6, rtol=0)
+        np.testing.assert_allclose(to_numpy(vit_layers.sincos_2d_position_embedding(grid, 48)), sincos_2d(grid, 48),
+                                   atol=2e-6, rtol=0)
 
 
 def test_logits_match_models_built_at_each_size(checkpoint, any_size_model):
@@ -185,7 +187,7 @@ def test_learned_2d_and_sincos_2d():
         for target, source in zip(fixed.weights, model.weights):
             value = to_numpy(source)
             if target.path.endswith(("row_embedding", "column_embedding")):  # the reference resampling, NumPy
-                value = resample.zoom_axis(value.astype("float64"), 0, target.shape[0])
+                value = zoom_linear(value[:, None].astype("float64"), target.shape[0], 1)[:, 0]
             target.assign(value)
         np.testing.assert_allclose(to_numpy(model(images)), to_numpy(fixed(images)), atol=1e-5, rtol=0, err_msg=kind)
 

@@ -28,7 +28,7 @@ def reference():
         return dict(archive)
 
 
-# --- the NumPy resize against PyTorch's outputs ---
+# --- the loader's resize against PyTorch's outputs ---
 
 
 @pytest.mark.parametrize("method", sorted(TORCH_OPTION))
@@ -54,7 +54,7 @@ def test_reference_records_its_torch():
 @pytest.mark.parametrize("antialias", [False, True])
 @pytest.mark.parametrize("sizes", [(4, 4), (1, 5), (5, 1), (37, 16), (14, 24)])
 def test_bicubic_matrix_rows_sum_to_one(sizes, antialias):
-    matrix = resample.torch_bicubic_matrix(*sizes, antialias=antialias)
+    matrix = keras.ops.convert_to_numpy(resample.bicubic_matrix(*sizes, antialias, "float64"))
     assert matrix.shape == sizes[::-1]
     np.testing.assert_allclose(matrix.sum(axis=1), 1.0, rtol=0, atol=1e-12)
     if sizes[0] == sizes[1]:
@@ -169,17 +169,15 @@ def test_bicubic_matches_torch_interpolate_on_random_sizes():
 
 @pytest.mark.parametrize("antialias", [False, True])
 def test_the_layers_graph_matrix_is_the_loaders(antialias):
-    """`layers.position_tables.bicubic_matrix` (keras.ops, sizes known at run time) against
-    `resample.torch_bicubic_matrix` (NumPy float64, checked against torch above), down and up, including sizes
-    given as tensors in a traced function, as a model of any input size computes them."""
+    """`resample.bicubic_matrix` as a model's layer computes it (float32, sizes known at run time) against the
+    loader's (float64, checked against torch above), down and up, including sizes given as tensors in a traced
+    function, as a model of any input size computes them."""
     import tensorflow as tf
 
-    from keras_vit.layers import position_tables
-
     for length, size in ((37, 16), (14, 24), (7, 5), (7, 9), (4, 4), (16, 2)):
-        expected = resample.torch_bicubic_matrix(length, size, antialias)
-        eager = np.asarray(position_tables.bicubic_matrix(length, size, antialias))
-        traced = tf.function(lambda n: position_tables.bicubic_matrix(length, n, antialias))(tf.constant(size)).numpy()
+        expected = keras.ops.convert_to_numpy(resample.bicubic_matrix(length, size, antialias, "float64"))
+        eager = np.asarray(resample.bicubic_matrix(length, size, antialias))
+        traced = tf.function(lambda n: resample.bicubic_matrix(length, n, antialias))(tf.constant(size)).numpy()
         np.testing.assert_allclose(eager, expected, rtol=0, atol=2e-6, err_msg=f"{length} -> {size}")
         np.testing.assert_allclose(traced, expected, rtol=0, atol=2e-6, err_msg=f"{length} -> {size}")
 

@@ -19,7 +19,7 @@ from keras_vit import kernels
 from keras_vit import layers as vit_layers
 import keras_vit.convert
 from keras_vit.cli import convert
-from keras_vit.checkpoints import config_files, resample, torch_layout
+from keras_vit.checkpoints import config_files, resample
 from tests.reference import (TORCH_EPS, gelu_erf, quick_gelu, released_from_torch, torch_logits,
                              vit_logits)
 from tests.testing import TINY_VIT, hf_state_dict, save_safetensors, timm_family_state_dict, timm_state_dict
@@ -320,8 +320,8 @@ def test_timm_config_states_the_heads_and_a_guess_is_said(tmp_path, monkeypatch)
     # The entry point's own heads, by its name and width (timm's vit_base_patch16_gap_224 has 16, not 12).
     named = config_files.Beside(str(folder("named", {"architecture": "vit_small_patch16_224.augreg"})
                                     / "model.safetensors"))
-    assert torch_layout.read_timm_config(named, 384) == ({"num_heads": 6}, "timm's 'vit_small_patch16_224'")
-    assert torch_layout.read_timm_config(named, 48) == ({}, None)
+    assert config_files.read_timm_config(named, 384) == {"num_heads": 6}
+    assert config_files.read_timm_config(named, 48) == {}
     with pytest.raises(ValueError, match=r"config.json beside .* contradicts its weights: it says num_layers=12"):
         load(folder("contradicts", {"architecture": "vit_tiny_patch16_224", "model_args": {"depth": 12}}))
     with pytest.raises(ValueError, match=r"num_heads=3 contradicts the config.json"):

@@ -126,7 +126,7 @@ def test_synced_backup_takes_process_0s_state_or_without_the_keras_internal_each
     broadcasts = []
     monkeypatch.setattr(resume.multihost, "process_count", lambda: 2)
     monkeypatch.setattr(resume.multihost, "broadcast_from_process_0",
-                        lambda values: broadcasts.append(values) or process_0)
+                        lambda values, strategy=None: broadcasts.append(values) or process_0)
     if not keras_has_it:
         monkeypatch.setattr(resume.SyncedBackupAndRestore, "INITIAL_EPOCH", "_not_in_this_keras")
     callback = resume.SyncedBackupAndRestore(str(tmp_path / "backup"))
@@ -140,6 +140,17 @@ def test_synced_backup_takes_process_0s_state_or_without_the_keras_internal_each
         assert not broadcasts and model._initial_epoch is None
         assert all(np.array_equal(np.asarray(v.value), expected) for v, expected in zip(variables, own))
         assert "has no model._not_in_this_keras: each worker restores its own backup" in caplog.text
+
+
+def test_broadcast_from_process_0_through_a_tf_distribute_strategy(monkeypatch):
+    """The TensorFlow path of a multi-worker run, on one replica here (the replica of process 0): its values come
+    back as NumPy arrays of their own dtypes, through the float64 all-reduce."""
+    monkeypatch.setattr(resume.multihost, "process_count", lambda: 2)
+    variable = keras.Variable(np.array([1.5, -2.25], np.float32))
+    values = [variable.value, np.arange(6, dtype=np.float32).reshape(2, 3), np.array(3, np.int64)]
+    out = resume.multihost.broadcast_from_process_0(values, tf.distribute.get_strategy())
+    assert [(v.dtype, v.shape) for v in out] == [(np.float32, (2,)), (np.float32, (2, 3)), (np.int64, ())]
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(out, values))
 
 
 def _adamw_pair(**kwargs) -> tuple[keras.optimizers.Optimizer, keras.optimizers.Optimizer]:
@@ -522,15 +533,15 @@ def test_finetune_from_original_npz_at_another_resolution(tmp_path):
     ({"cluster": {"chief": ["c:1"], "worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}, 0),
     ({"cluster": {"chief": ["c:1"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}, 1),
 ])
-def test_worker_index_is_unique_per_process(monkeypatch, tf_config, expected):
-    from keras_vit.training import distribute
+def test_process_index_is_unique_per_process(monkeypatch, tf_config, expected):
+    from keras_vit.training import multihost
 
     if tf_config is None:
         monkeypatch.delenv("TF_CONFIG", raising=False)
     else:
         monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
-    assert distribute.worker_index() == expected
-    assert distribute.is_chief() == (expected == 0)
+    assert multihost.process_index() == expected and multihost.process_count() == (1 if tf_config is None else 2)
+    assert multihost.is_writer() == (expected == 0) and multihost.shard() == multihost.Shard()
 
 
 @pytest.mark.parametrize("classifier, pooling", [("token", "token"), ("gap", "avg"), ("map", "map")])

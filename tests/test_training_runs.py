@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import pytest
 
+import keras_vit
 from tests.testing import REPO, TRAIN_TINY, free_ports, subprocess_env
 
 
@@ -26,7 +27,9 @@ def _cli(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def _weights(path: str) -> list[np.ndarray]:
-    return keras.saving.load_model(path, compile=False).get_weights()
+    model = keras.saving.load_model(path, compile=False)  # `import keras_vit` registers the classes it names
+    assert isinstance(model, keras_vit.ViTModel)
+    return model.get_weights()
 
 
 # === Strategies (subprocesses) ===

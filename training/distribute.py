@@ -268,54 +268,21 @@ def keep_tensorflow_on_cpu() -> None:
         logging.warning("TensorFlow keeps its GPUs (%s).", error)
 
 
-def worker_index() -> int:
-    """This process's index: on JAX, among the run's processes (`multihost.process_index`); on TensorFlow,
-    among the training processes of `TF_CONFIG`: 0 for the chief (or worker 0 when there is no chief task),
-    distinct for every other worker. 0 in a one-process run."""
-    if keras.backend.backend() == "jax":
-        return multihost.process_index()
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    cluster = resolver.cluster_spec().as_dict()
-    if not cluster or resolver.task_type == "chief":
-        return 0
-    return int(resolver.task_id) + (1 if "chief" in cluster else 0)
-
-
-def is_chief() -> bool:
-    """True on the one process that writes the shared outputs (the only process outside multi-worker)."""
-    return worker_index() == 0
-
-
 def output_dir(workdir: str) -> str:
-    """Where this process writes a run's outputs: `workdir` on the chief (process 0). Every other process
-    saves too, in step with the chief (tf.distribute's rule; on JAX each save creates variables on the devices
-    of every process, a collective step), but elsewhere: TensorFlow's workers in `workdir/worker_<i>`, JAX's
+    """Where this process writes a run's outputs: `workdir` on process 0 (`multihost.is_writer`). Every other
+    process saves too, in step with process 0 (tf.distribute's rule; on JAX each save creates variables on the
+    devices of every process, a collective step), but elsewhere: TensorFlow's workers in `workdir/worker_<i>`, JAX's
     processes in a local scratch folder that the run deletes (`is_scratch`)."""
-    if is_chief():
+    if multihost.is_writer():
         return workdir
     if keras.backend.backend() == "jax":
-        return tempfile.mkdtemp(prefix=f"keras_vit_process_{worker_index()}_")
-    return os.path.join(workdir, f"worker_{worker_index()}")
+        return tempfile.mkdtemp(prefix=f"keras_vit_process_{multihost.process_index()}_")
+    return os.path.join(workdir, f"worker_{multihost.process_index()}")
 
 
 def is_scratch(outdir: str, workdir: str) -> bool:
     """True for a JAX process's scratch output folder (`output_dir`), which the run deletes at its end."""
     return keras.backend.backend() == "jax" and outdir != workdir
-
-
-def broadcast_from_first_replica(strategy: tf.distribute.Strategy, values: list) -> list[tf.Tensor]:
-    """`values` as global replica 0 (on the chief) holds them, on every worker.
-
-    An all-reduce sum in which every other replica contributes zeros, computed in float64 (exact
-    for float32/bfloat16 weights and for integer counters below 2**53) and cast back.
-    """
-    def replica_fn():
-        first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
-        shares = [tf.where(first, tf.cast(v, tf.float64), tf.zeros_like(v, tf.float64)) for v in values]
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, shares)
-
-    summed = strategy.experimental_local_results(strategy.run(replica_fn))[0]
-    return [tf.cast(total, tf.as_dtype(v.dtype)) for total, v in zip(summed, values)]
 
 
 class AllReducedClipping:

@@ -1,6 +1,8 @@
-"""Several JAX processes as one run: a TPU pod slice's hosts, several GPU hosts, or N local processes.
+"""Several processes as one run: JAX's (a TPU pod slice's hosts, several GPU hosts, or N local processes) and
+TensorFlow's multi-worker processes (`TF_CONFIG`). Which process writes, on either backend: `process_index()` (0
+writes: `is_writer()`), `process_count()`, and `broadcast_from_process_0` (process 0's values on every process).
 
-One process per host runs the same program. `initialize` joins them (Keras' `keras.distribution.initialize`
+On JAX, one process per host runs the same program. `initialize` joins them (Keras' `keras.distribution.initialize`
 semantics and environment variables, plus timeouts). Then `keras.distribution.list_devices()` lists the devices
 of every host, a `DataParallel` over them splits each global batch over all of them, and:
 
@@ -9,7 +11,7 @@ of every host, a `DataParallel` over them splits each global batch over all of t
 - process 0 writes the outputs (`is_writer()`); every process keeps its own crash backup, and on resume every
   process takes process 0's restored state (`broadcast_from_process_0`).
 
-Without `initialize` (one process), every function here describes that one process.
+Without `initialize` (one process) or `TF_CONFIG`, every function here describes that one process.
 """
 
 from __future__ import annotations
@@ -225,13 +227,14 @@ def _send(conn: socket.socket, message: dict) -> None:
 
 
 def process_index() -> int:
-    """This process's index (0: the one that writes); 0 outside a multi-process JAX run."""
-    return _jax().process_index() if _jax() else 0
+    """This process's index (0: the one that writes): among JAX's processes, or TensorFlow's training processes of
+    `TF_CONFIG` (the chief first, else worker 0); 0 in a one-process run."""
+    return _jax().process_index() if _jax() else _tf_config_processes()[0]
 
 
 def process_count() -> int:
-    """How many processes the run has; 1 outside a multi-process JAX run."""
-    return _jax().process_count() if _jax() else 1
+    """How many processes the run has (JAX's, or the chief and workers of `TF_CONFIG`); 1 in a one-process run."""
+    return _jax().process_count() if _jax() else _tf_config_processes()[1]
 
 
 def is_writer() -> bool:
@@ -248,6 +251,19 @@ def _jax():
     import jax
 
     return jax
+
+
+def _tf_config_processes() -> tuple[int, int]:
+    """(this process's index, their count) among the training processes of `TF_CONFIG`, the chief (or else worker
+    0) first; (0, 1) without it."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    cluster = resolver.cluster_spec().as_dict()
+    count = max(len(cluster.get("chief", ())) + len(cluster.get("worker", ())), 1)
+    if not cluster or resolver.task_type == "chief":
+        return 0, count
+    return int(resolver.task_id) + (1 if "chief" in cluster else 0), count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,22 +286,40 @@ class Shard:
 
 
 def shard() -> Shard:
-    """This process's shard of the input."""
-    return Shard(process_index(), process_count())
+    """This process's shard of the input: on JAX by process; on TensorFlow all of it (tf.distribute shards it)."""
+    return Shard(process_index(), process_count()) if _jax() else Shard()
 
 
-def broadcast_from_process_0(values: list[np.ndarray]) -> list[np.ndarray]:
-    """`values` as process 0 holds them, on every process (the identity with one process)."""
+def broadcast_from_process_0(values: list, strategy=None) -> list[np.ndarray]:
+    """`values` (arrays or tensors) as process 0 holds them, as NumPy arrays on every process (the same values with
+    one process). On TensorFlow through the run's tf.distribute `strategy` (default: the current one): an
+    all-reduce sum to which every replica but the first (process 0's) contributes zeros, in float64 (exact for
+    float32 and bfloat16 weights and for integer counters below 2**53)."""
     if process_count() == 1:
-        return values
-    from jax.experimental import multihost_utils
+        return [np.asarray(v) for v in values]
+    if _jax():
+        from jax.experimental import multihost_utils
 
-    return [np.asarray(v) for v in multihost_utils.broadcast_one_to_all(values)]
+        return [np.asarray(v) for v in multihost_utils.broadcast_one_to_all([np.asarray(v) for v in values])]
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    tensors = [tf.convert_to_tensor(v) for v in values]
+
+    def replica_fn():
+        context = tf.distribute.get_replica_context()
+        first = tf.equal(context.replica_id_in_sync_group, 0)
+        shares = [tf.where(first, tf.cast(t, tf.float64), tf.zeros_like(t, tf.float64)) for t in tensors]
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, shares)
+
+    summed = strategy.experimental_local_results(strategy.run(replica_fn))[0]
+    return [tf.cast(total, t.dtype).numpy() for total, t in zip(summed, tensors)]
 
 
 def gather_counts(count: int | None) -> list[int] | None:
-    """Every process's `count`, by process index (`[count]` with one process); None if any process's is None."""
-    if process_count() == 1:
+    """Every JAX process's `count`, by process index (`[count]` with one process, and on TensorFlow, whose processes
+    all read the whole input); None if any process's is None."""
+    if not _jax() or process_count() == 1:
         return None if count is None else [count]
     from jax.experimental import multihost_utils
 

@@ -15,11 +15,10 @@ from typing import Iterator
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from keras_vit.atomic import write_json
 
-from . import configs, distribute, multihost
+from . import configs, multihost
 from .configs import Config
 
 
@@ -111,14 +110,15 @@ def check_resume_config(config: Config, workdir: str, worker: int) -> None:
 
 
 class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
-    """BackupAndRestore whose restored state is the chief's on every worker of a multi-worker run (tf.distribute),
-    or process 0's on every process of a multi-process JAX run.
+    """BackupAndRestore whose restored state is process 0's on every process of a multi-process run (tf.distribute's
+    multi-worker, or JAX's; `multihost.process_index`).
 
     Each worker backs up to its own folder (a shared one crashes on an HDF5 file lock; the hosts of a pod slice
     may have no shared disk). A worker killed between the workers' writes of the same backup leaves the backups
     one save apart; restored as they are, the workers would start from different weights and epochs, and their
-    collectives fail on the first step. After restoring, every worker takes the chief's weights,
-    optimizer state and first epoch. In a one-process run it is Keras' BackupAndRestore.
+    collectives fail on the first step. After restoring, every worker takes process 0's weights,
+    optimizer state and first epoch (`multihost.broadcast_from_process_0`). In a one-process run it is Keras'
+    BackupAndRestore.
 
     The first epoch is Keras' private `model._initial_epoch` (`INITIAL_EPOCH`), which the parent sets from the
     backup and `fit` reads. Where a Keras release has no such attribute, the workers keep their own backups, as
@@ -156,9 +156,7 @@ class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        strategy = getattr(self.model, "distribute_strategy", None)  # TensorFlow's trainer only.
-        multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        if not multi_worker and multihost.process_count() == 1:
+        if multihost.process_count() == 1:
             return
         if not hasattr(self.model, self.INITIAL_EPOCH):  # Keras' Trainer sets it (None) in __init__
             logging.warning("This Keras (%s) has no model.%s: each worker restores its own backup, which may be one "
@@ -167,16 +165,13 @@ class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
         variables = [*self.model.variables, *self.model.optimizer.variables]
         restored = getattr(self.model, self.INITIAL_EPOCH)  # Set by the parent from the backup.
         epoch = -1 if restored is None else restored
-        if multi_worker:
-            *values, chief_epoch = distribute.broadcast_from_first_replica(
-                strategy, [v.value for v in variables] + [tf.constant(epoch, tf.int64)])
-        else:
-            *values, chief_epoch = multihost.broadcast_from_process_0(
-                [np.asarray(v.value) for v in variables] + [np.array(epoch, np.int64)])
+        strategy = getattr(self.model, "distribute_strategy", None)  # TensorFlow's trainer only.
+        *values, first_epoch = multihost.broadcast_from_process_0(
+            [v.value for v in variables] + [np.array(epoch, np.int64)], strategy)
         for variable, value in zip(variables, values):
             variable.assign(value)
-        chief_epoch = int(chief_epoch)
-        if chief_epoch != epoch:
-            logging.warning("This worker's backup (epoch %d) is replaced by the chief's (epoch %d).", epoch,
-                            chief_epoch)
-        setattr(self.model, self.INITIAL_EPOCH, chief_epoch if chief_epoch >= 0 else None)
+        first_epoch = int(first_epoch)
+        if first_epoch != epoch:
+            logging.warning("This process's backup (epoch %d) is replaced by process 0's (epoch %d).", epoch,
+                            first_epoch)
+        setattr(self.model, self.INITIAL_EPOCH, first_epoch if first_epoch >= 0 else None)

@@ -8,8 +8,8 @@ Layout of `workdir` (worker `i > 0` of a tf.distribute multi-worker run writes t
 `workdir/worker_<i>/`; process `i > 0` of a multi-process JAX run writes its backup there and the rest to a
 scratch folder that the run deletes):
     backup/worker_<i>/     keras.callbacks.BackupAndRestore, kept until the run's files are saved (a run stopped
-                           in its final evaluation resumes there); on restart every worker or process takes the
-                           chief's restored state; config.json, the config it is made with; lock, held by the
+                           in its final evaluation resumes there); on restart every worker or process takes
+                           process 0's restored state; config.json, the config it is made with; lock, held by the
                            run (all in resume.py)
     checkpoints/last.weights.h5, checkpoints/best.weights.h5 (recipes with a best metric)
     tensorboard/           TensorBoard scalars
@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import data as data_lib
-from . import distribute, masked, resume, supervised
+from . import distribute, masked, multihost, resume, supervised
 from .configs import Config
 from .recipe import Recipe, architecture, build_backbone
 
@@ -235,7 +235,7 @@ def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy) -> 
     distribute.check_model_parallel(strategy, architecture(config))
     if keras.backend.backend() == "jax":
         distribute.keep_tensorflow_on_cpu()
-    worker = distribute.worker_index()
+    worker = multihost.process_index()
     outdir = distribute.output_dir(workdir)
     os.makedirs(outdir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)

@@ -1,9 +1,10 @@
 """Checkpoints: every format keras_vit reads, and how its arrays reach a model.
 
-Layout code (data plus pure NumPy; never imports `keras_vit.models` or `keras_vit.layers`):
+Layout code (data, NumPy, `keras.ops`; never imports `keras_vit.models` or `keras_vit.layers`):
 
     registry          the public checkpoints (`weights=` names) and their download
     npz               the original `.npz` layout: reading, `KEY_TABLE`, position-embedding resampling
+    resample          a position table resized as its file's source does (`keras.ops`: the loader's and the layer's)
     safetensors_file  reading `.safetensors` files without torch; PyTorch pickle files refused
     torch_layout      timm and Hugging Face state dicts translated into the `.npz` layout
     architecture      one architecture reader for every format (on shapes: opens no file)

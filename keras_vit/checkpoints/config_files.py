@@ -1,12 +1,17 @@
 """The JSON files beside a weights file (a `save_pretrained` folder, a hub snapshot): `config.json` (transformers'
 model config, or timm's `save_for_hf` config) and `preprocessor_config.json` (transformers' image processor).
-`Beside` reads each at most once per checkpoint, for every reader that needs it (`preprocessing`, `torch_layout`).
+`Beside` reads each at most once per checkpoint, for every reader that needs it. What a `config.json` states of the
+model is read here (`read_hf_config`, `read_timm_config`: numerics, heads, architecture); what it and the processor
+state of the input, in `preprocessing`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+
+from keras_vit.checkpoints import torch_layout
 
 CONFIG = "config.json"
 PROCESSOR = "preprocessor_config.json"
@@ -48,3 +53,82 @@ def read_json(path: str) -> dict:
     if not isinstance(config, dict):
         raise ValueError(f"{path!r}: expected a JSON object, found {type(config).__name__}.")
     return config
+
+
+# Hugging Face `hidden_act` -> keras_vit's activation options.
+HIDDEN_ACTIVATIONS = {"gelu": dict(activation="gelu", gelu_approximate=False),
+                      "gelu_pytorch_tanh": dict(activation="gelu", gelu_approximate=True),
+                      "gelu_new": dict(activation="gelu", gelu_approximate=True),
+                      "quick_gelu": dict(activation="quick_gelu", gelu_approximate=False)}
+# config.json keys that describe what the weights' shapes also say; a contradiction is an error (reader).
+HF_ARCHITECTURE = {"hidden_size": "hidden_dim", "intermediate_size": "mlp_dim", "num_hidden_layers": "num_layers",
+                   "patch_size": "patch_size"}
+
+
+def read_hf_config(files: Beside, layout: str | None = None) -> dict | None:
+    """The numerics and number of heads of the Hugging Face `config.json` beside a weights file (`files`), or
+    None.
+
+    Returns `layer_norm_epsilon`, `activation`, `gelu_approximate`, `num_heads`, the architecture fields of
+    `HF_ARCHITECTURE` and `image_size` (the model's input side, not a `ViTConfig` field) for the keys the file sets
+    (a `CLIPModel` / `SiglipModel` config: those of its `vision_config`). For `layout` DINOv2, the MLP width is
+    `mlp_ratio` times the width, as `Dinov2Config` builds it.
+
+    Raises:
+        ValueError: an unreadable file, or a `hidden_act` keras_vit does not implement.
+    """
+    config = files.config
+    if config is None:
+        return None
+    config = config.get("vision_config", config)
+    found = {}
+    if "layer_norm_eps" in config:
+        found["layer_norm_epsilon"] = float(config["layer_norm_eps"])
+    if "hidden_act" in config:
+        if config["hidden_act"] not in HIDDEN_ACTIVATIONS:
+            raise ValueError(f"{files.path(CONFIG)!r}: hidden_act={config['hidden_act']!r} is not implemented by "
+                             f"keras_vit. Supported: {sorted(HIDDEN_ACTIVATIONS)}.")
+        found.update(HIDDEN_ACTIVATIONS[config["hidden_act"]])
+    if "num_attention_heads" in config:
+        found["num_heads"] = int(config["num_attention_heads"])
+    found.update({field: int(config[key]) for key, field in HF_ARCHITECTURE.items()
+                  if isinstance(config.get(key), int)})
+    if layout == torch_layout.HF_DINOV2:  # Dinov2Config has no intermediate_size: its MLP is mlp_ratio (4) x width
+        found.pop("mlp_dim", None)
+        if isinstance(config.get("hidden_size"), int) and isinstance(config.get("mlp_ratio", 4), (int, float)):
+            found["mlp_dim"] = int(config["hidden_size"] * config.get("mlp_ratio", 4))
+    size = config.get("image_size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        found["image_size"] = size
+    return found
+
+
+# timm's config.json (`save_for_hf`): `model_args` keys that describe what the weights' shapes also say.
+TIMM_ARCHITECTURE = {"embed_dim": "hidden_dim", "depth": "num_layers", "patch_size": "patch_size"}
+# The number of heads of timm's ViT entry points (timm/models/vision_transformer.py, deit.py; timm 1.0.31) by the
+# size word of their name (`vit_<size>_patch...`, `deit3_<size>_...`) and width; `model_args` state it only where
+# it was given. The exceptions to their size word's rule are listed by name.
+TIMM_HEADS = {"tiny": {192: 3}, "small": {384: 6}, "medium": {512: 8}, "base": {768: 12}, "large": {1024: 16},
+              "huge": {1280: 16}, "giant": {1408: 16, 1536: 24}, "gigantic": {1664: 16}, "so400m": {1152: 16},
+              "so150m": {896: 14}}
+TIMM_HEADS_BY_NAME = {"vit_base_patch16_gap_224": 16}
+
+
+def read_timm_config(files: Beside, hidden_dim: int) -> dict:
+    """What timm's `config.json` beside a weights file (`files`) states of the architecture: the `TIMM_ARCHITECTURE`
+    fields `model_args` sets, and `num_heads`: `model_args["num_heads"]`, else the entry point's own, from its name
+    (`architecture`) and the weights' width `hidden_dim` (left out where neither states it)."""
+    config = files.config
+    if config is None or not isinstance(config.get("model_args", {}), dict):
+        return {}
+    model_args = config.get("model_args", {})
+    found = {field: model_args[key] for key, field in TIMM_ARCHITECTURE.items()
+             if isinstance(model_args.get(key), int) and not isinstance(model_args.get(key), bool)}
+    heads = model_args.get("num_heads")
+    if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0:
+        return dict(found, num_heads=heads)
+    name = config.get("architecture")
+    name = name.split(".")[0] if isinstance(name, str) else ""
+    size = re.match(r"(?:vit|deit3?)_([a-z0-9]+)_", name)
+    heads = TIMM_HEADS_BY_NAME.get(name) or (TIMM_HEADS.get(size.group(1), {}).get(hidden_dim) if size else None)
+    return found if heads is None else dict(found, num_heads=heads)

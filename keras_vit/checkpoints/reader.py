@@ -33,8 +33,6 @@ class CheckpointFile:
             or None.
         timm_config: what timm's `config.json` beside the file states of the architecture (`num_heads`, from its
             `model_args` or its entry point's name; the widths and depth `model_args` set), or None.
-        heads_source: where the number of heads comes from, for a file that does not store it (the config.json's
-            words), or None.
         preprocessing: the `ViTConfig` input fields (mean, std, resize, crop, interpolation) that a
             `preprocessor_config.json` or timm `config.json` beside the file declares, or None.
         preprocessing_source: the file `preprocessing` was read from, or None.
@@ -54,7 +52,6 @@ class CheckpointFile:
     preprocessing_problem: str | None = None
     declared_size: tuple[int, int] | None = None
     timm_config: Mapping[str, Any] | None = None
-    heads_source: str | None = None
 
     @property
     def fixed(self) -> dict[str, Any]:
@@ -208,14 +205,11 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
     layout = torch_layout.detect_layout(shapes)
     torch_layout.check_supported(shapes, layout, origin=path)
     npz_shapes = torch_layout.npz_shapes(shapes, layout)
-    hf_config = torch_layout.read_hf_config(files, layout) if layout in torch_layout.HF_LAYOUTS else None
-    timm_config, heads_source = None, None
+    hf_config = config_files.read_hf_config(files, layout) if layout in torch_layout.HF_LAYOUTS else None
+    timm_config = None
     if layout == torch_layout.TIMM and "embedding/kernel" in npz_shapes:
-        timm_config, heads_source = torch_layout.read_timm_config(files, npz_shapes["embedding/kernel"][-1])
-    elif hf_config and "num_heads" in hf_config:
-        heads_source = "config.json"
-    file = CheckpointFile(path, layout, npz_shapes, header, hf_config, timm_config=timm_config,
-                          heads_source=heads_source, **declared)
+        timm_config = config_files.read_timm_config(files, npz_shapes["embedding/kernel"][-1])
+    file = CheckpointFile(path, layout, npz_shapes, header, hf_config, timm_config=timm_config, **declared)
     _check_config_matches_weights(file)
     return file
 
@@ -236,7 +230,7 @@ def _declared_input(files: config_files.Beside) -> dict[str, Any]:
 def _check_config_matches_weights(file: CheckpointFile) -> None:
     """Raises ValueError where the config.json beside a file describes another architecture than its weights."""
     stated = file.fixed
-    declared_fields = {field: stated.get(field) for field in torch_layout.HF_ARCHITECTURE.values()}
+    declared_fields = {field: stated.get(field) for field in config_files.HF_ARCHITECTURE.values()}
     if not any(value is not None for value in declared_fields.values()):
         return
     try:

@@ -1,6 +1,8 @@
-"""Resizing a position-embedding grid the way the checkpoint's source does. Pure NumPy, float64 inside.
+"""Resizing a position-embedding grid the way the checkpoint's source does, in `keras.ops`: the one resize of the
+loader, which fits a file's table to a model's grid once (`resize_grid`), and of `layers.PositionEmbedding`, which
+fits a model's own table to each image's grid at run time (`resize_axis`, sizes that may be scalar tensors).
 
-Three methods, each separable (one 1-D resampling matrix per axis):
+Three methods, each separable (one 1-D resampling per axis):
 
 - `LINEAR_CORNERS`: the original vit_jax loader (`interpolate_posembed`): `scipy.ndimage.zoom(grid,
   (new_h / h, new_w / w, 1), order=1)`, linear with the corner samples aligned. For `.npz` files.
@@ -19,17 +21,21 @@ Three methods, each separable (one 1-D resampling matrix per axis):
   the defaults `checkpoint_filter_fn` in timm/models/vision_transformer.py passes, in float32; only its FlexiViT
   models pass bilinear without antialias, which a file does not tell apart).
 
-Against torch 2.13 `F.interpolate` (tests/test_resample.py): float64 grids agree to 1e-14; float32 grids give the
-exact resize rounded to float32, while torch's own float32 run is up to ~4e-6 off it on unit-variance grids (its
-interpolation weights are computed in float32).
+Precision: `resize_axis` computes in float64 for a float64 input, else with float32 weights (a model's run-time
+fit). The loader's `resize_grid` computes in float64 where the Keras backend has it (TensorFlow, PyTorch; JAX with
+`jax_enable_x64`) and rounds once to the table's dtype: against torch 2.13 `F.interpolate` (tests/test_resample.py)
+float64 grids agree to 1e-14, and float32 grids give the exact resize rounded to float32, while torch's own float32
+run is up to ~4e-6 off it on unit-variance grids (its interpolation weights are computed in float32). On JAX
+without x64 the loader computes in float32, as timm and transformers do.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
+import keras
 import numpy as np
+from keras import ops
 
 from keras_vit import variants
 
@@ -37,80 +43,84 @@ METHODS = variants.POSITION_RESAMPLINGS  # `ViTConfig.position_resampling`'s val
 LINEAR_CORNERS, BICUBIC, BICUBIC_ANTIALIAS = METHODS
 
 
-def zoom_axis(array: np.ndarray, axis: int, size: int) -> np.ndarray:
-    """Linear resize of one axis with corner-aligned sampling (`scipy.ndimage.zoom`, order 1).
+def zoom_axis(x, axis: int, size):
+    """`x` resized along `axis` to `size` entries by corner-aligned linear interpolation (`scipy.ndimage.zoom`,
+    order 1), in `x`'s dtype. `size` may be a scalar tensor.
 
-    Output index o samples input coordinate o * (n_in - 1) / (n_out - 1) (0 when n_out is 1).
+    Output index o samples input coordinate o * (n - 1) / (size - 1) (0 when size is 1); the coordinate's
+    integer part and fraction are computed in integers, so the only rounding is the fraction's and the blend's.
     """
-    length = array.shape[axis]
-    step = (length - 1) / (size - 1) if size > 1 else 0.0
-    coordinates = np.arange(size) * step
-    low = np.clip(np.floor(coordinates).astype(int), 0, length - 1)
-    high = np.minimum(low + 1, length - 1)
-    shape = [1] * array.ndim
-    shape[axis] = size
-    fraction = (coordinates - low).reshape(shape)
-    return np.take(array, low, axis=axis) * (1.0 - fraction) + np.take(array, high, axis=axis) * fraction
+    length = x.shape[axis]
+    scaled = ops.arange(size) * (length - 1)  # o * (n - 1), over the denominator below
+    denominator = ops.maximum(size - 1, 1)
+    low = scaled // denominator
+    high = ops.minimum(low + 1, length - 1)
+    fraction = ops.cast(scaled - low * denominator, x.dtype) / ops.cast(denominator, x.dtype)
+    fraction = ops.reshape(fraction, [-1 if i == axis else 1 for i in range(len(x.shape))])
+    return ops.take(x, low, axis=axis) * (1.0 - fraction) + ops.take(x, high, axis=axis) * fraction
 
 
-def _keys_kernel(x: np.ndarray, a: float) -> np.ndarray:
+def _keys_kernel(x, a: float):
     """Keys' cubic convolution kernel with parameter `a`, zero beyond |x| = 2."""
-    x = np.abs(x)
+    x = ops.abs(x)
     near = ((a + 2) * x - (a + 3)) * x * x + 1
     far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return np.where(x <= 1, near, np.where(x < 2, far, 0.0))
+    return ops.where(x <= 1, near, ops.where(x < 2, far, ops.zeros_like(x)))
 
 
-def torch_bicubic_matrix(in_size: int, out_size: int, antialias: bool = False) -> np.ndarray:
-    """The (out_size, in_size) float64 matrix of PyTorch's bicubic resize of one axis (`align_corners=False`).
+def bicubic_matrix(length: int, size, antialias: bool, dtype: str = "float32"):
+    """The (size, length) matrix M of PyTorch's bicubic resize of one axis (`align_corners=False`), `resized = M @
+    signal`, computed in `dtype`. `size` may be a scalar tensor.
 
-    Args:
-        in_size: int. Input length.
-        out_size: int. Output length.
-        antialias: bool. `antialias=True` (PIL's rule, A = -0.5, the kernel widened when downsampling) or
-            not (A = -0.75, four taps clamped to the border).
-
-    Returns:
-        Array M with `resized = M @ signal` along that axis.
+    Without antialias: Keys' kernel with a = -0.75 on the taps floor(s) - 1 .. floor(s) + 2 around
+    s = (o + 0.5) * length / size - 0.5, indices clamped to the border. With antialias (PIL's rule): a = -0.5,
+    stretched by max(length / size, 1), centred on (o + 0.5) * length / size, the window clipped to the input,
+    each row normalized to sum 1.
     """
-    if in_size < 1 or out_size < 1:
-        raise ValueError(f"Sizes must be positive. Received in_size={in_size}, out_size={out_size}")
-    scale = in_size / out_size
-    matrix = np.zeros((out_size, in_size))
+    scale = length / ops.cast(size, dtype)
+    outputs = ops.cast(ops.arange(size), dtype)
+    inputs = ops.cast(ops.arange(length), dtype)
     if not antialias:
-        source = (np.arange(out_size) + 0.5) * scale - 0.5
-        floor = np.floor(source)
-        for tap in range(-1, 3):
+        source = (outputs + 0.5) * scale - 0.5
+        floor = ops.floor(source)
+        matrix = 0.0
+        for tap in (-1, 0, 1, 2):
             weights = _keys_kernel(source - (floor + tap), -0.75)
-            columns = np.clip(floor + tap, 0, in_size - 1).astype(int)
-            np.add.at(matrix, (np.arange(out_size), columns), weights)
+            columns = ops.cast(ops.clip(floor + tap, 0, length - 1), "int32")
+            matrix = matrix + ops.one_hot(columns, length, dtype=dtype) * weights[:, None]
         return matrix
-    support = 2.0 * max(scale, 1.0)
-    stretch = 1.0 / max(scale, 1.0)
-    for row in range(out_size):
-        center = (row + 0.5) * scale
-        first = max(math.trunc(center - support + 0.5), 0)
-        stop = min(math.trunc(center + support + 0.5), in_size)
-        weights = _keys_kernel((np.arange(first, stop) - center + 0.5) * stretch, -0.5)
-        total = weights.sum()
-        matrix[row, first:stop] = weights / total if total != 0 else weights
-    return matrix
+    stretch = 1.0 / ops.maximum(scale, 1.0)
+    support = 2.0 / stretch
+    center = (outputs + 0.5) * scale
+    first = ops.maximum(ops.floor(center - support + 0.5), 0.0)  # trunc = floor where it matters (>= 0)
+    stop = ops.minimum(ops.floor(center + support + 0.5), float(length))
+    weights = _keys_kernel((inputs[None, :] - center[:, None] + 0.5) * stretch, -0.5)
+    inside = ops.logical_and(inputs[None, :] >= first[:, None], inputs[None, :] < stop[:, None])
+    weights = ops.where(inside, weights, ops.zeros_like(weights))
+    return weights / ops.sum(weights, axis=1, keepdims=True)
+
+
+def resize_axis(x, axis: int, size, method: str):
+    """`x` resized along `axis` to `size` with one of `METHODS` (`size` may be a scalar tensor), in `x`'s dtype:
+    float64 throughout for a float64 `x`, else with float32 weights."""
+    if method == LINEAR_CORNERS:
+        return zoom_axis(x, axis, size)
+    dtype = "float64" if keras.backend.standardize_dtype(x.dtype) == "float64" else "float32"
+    matrix = ops.cast(bicubic_matrix(x.shape[axis], size, method == BICUBIC_ANTIALIAS, dtype), x.dtype)
+    moved = ops.moveaxis(x, axis, 0)
+    resized = ops.tensordot(matrix, moved, axes=[[1], [0]])
+    return ops.moveaxis(resized, 0, axis)
 
 
 def resize_grid(grid: np.ndarray, new_hw: int | Sequence[int], method: str = LINEAR_CORNERS) -> np.ndarray:
-    """Resizes a (rows, columns, D) grid to `new_hw` with one of `METHODS`; float64 inside, `grid`'s dtype out."""
+    """Resizes a (rows, columns, D) NumPy grid to `new_hw` with one of `METHODS`, the loader's resize: in float64
+    where the Keras backend has it (else float32: JAX without x64), returned in `grid`'s dtype."""
     grid = np.asarray(grid)
     if grid.ndim != 3:
         raise ValueError(f"`grid` must have shape (rows, columns, D). Received shape: {grid.shape}")
     if method not in METHODS:
         raise ValueError(f"Unknown resampling method {method!r}; expected one of {', '.join(METHODS)}.")
     new_h, new_w = (new_hw, new_hw) if isinstance(new_hw, int) else tuple(new_hw)
-    (old_h, old_w, depth), values = grid.shape, grid.astype(np.float64)
-    if method == LINEAR_CORNERS:
-        resized = zoom_axis(zoom_axis(values, 0, new_h), 1, new_w)
-    else:
-        antialias = method == BICUBIC_ANTIALIAS
-        rows = torch_bicubic_matrix(old_h, new_h, antialias)
-        columns = torch_bicubic_matrix(old_w, new_w, antialias)
-        resized = columns @ (rows @ values.reshape(old_h, -1)).reshape(new_h, old_w, depth)
-    return resized.astype(grid.dtype)
+    values = ops.convert_to_tensor(grid.astype(np.float64))  # float32 where the backend has no float64
+    resized = resize_axis(resize_axis(values, 0, new_h, method), 1, new_w, method)
+    return ops.convert_to_numpy(resized).astype(grid.dtype)

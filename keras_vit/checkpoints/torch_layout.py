@@ -19,7 +19,8 @@ heads, head_dim)); `keras_vit.checkpoints.loader` then checks, resamples and ass
 
 The files store neither the LayerNorm epsilon nor the activation, nor the number of heads. `NUMERICS` holds
 each layout's defaults (timm's and the Hugging Face model classes'), which a user's values replace; a Hugging
-Face `config.json` beside the file (`read_hf_config`) fixes them, and then a contradicting value is an error.
+Face `config.json` beside the file (`config_files.read_hf_config`) fixes them, and then a contradicting value is an
+error.
 
 Not supported, and refused with an error naming the keys that show them (`check_supported`): timm's
 `scale_attn_norm` / `scale_mlp_norm`, a patch-embedding norm, attention pooling with more than one latent or
@@ -35,7 +36,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from keras_vit.checkpoints import config_files, npz, resample
+from keras_vit.checkpoints import npz, resample
 
 TIMM = "timm"
 HUGGING_FACE = "huggingface"  # ViT and DeiT
@@ -57,11 +58,6 @@ NUMERICS: dict[str, dict] = {
     HF_CLIP: dict(layer_norm_epsilon=1e-5, gelu_approximate=False, activation="quick_gelu"),
     HF_SIGLIP: dict(layer_norm_epsilon=1e-6, gelu_approximate=True, activation="gelu"),
 }
-# Hugging Face `hidden_act` -> keras_vit's activation options.
-HIDDEN_ACTIVATIONS = {"gelu": dict(activation="gelu", gelu_approximate=False),
-                      "gelu_pytorch_tanh": dict(activation="gelu", gelu_approximate=True),
-                      "gelu_new": dict(activation="gelu", gelu_approximate=True),
-                      "quick_gelu": dict(activation="quick_gelu", gelu_approximate=False)}
 
 
 def _plain_keys(keys) -> dict[str, str]:
@@ -120,87 +116,6 @@ def check_supported(shapes: dict[str, tuple[int, ...]], layout: str, origin: str
         raise ValueError(f"{origin!r} is a {layout} ViT with features keras_vit does not implement: {listed}. "
                          "Supported: timm's ViT, DeiT, DeiT-III, DINOv2, CLIP and SigLIP image towers and Hugging "
                          "Face's ViT, DeiT, DINOv2, CLIP and SigLIP vision models; nothing was loaded.")
-
-
-# config.json keys that describe what the weights' shapes also say; a contradiction is an error (reader).
-HF_ARCHITECTURE = {"hidden_size": "hidden_dim", "intermediate_size": "mlp_dim", "num_hidden_layers": "num_layers",
-                   "patch_size": "patch_size"}
-
-
-def read_hf_config(files: config_files.Beside, layout: str | None = None) -> dict | None:
-    """The numerics and number of heads of the Hugging Face `config.json` beside a weights file (`files`), or
-    None.
-
-    Returns `layer_norm_epsilon`, `activation`, `gelu_approximate`, `num_heads`, the architecture fields of
-    `HF_ARCHITECTURE` and `image_size` (the model's input side, not a `ViTConfig` field) for the keys the file sets
-    (a `CLIPModel` / `SiglipModel` config: those of its `vision_config`). For `layout` DINOv2, the MLP width is
-    `mlp_ratio` times the width, as `Dinov2Config` builds it.
-
-    Raises:
-        ValueError: an unreadable file, or a `hidden_act` keras_vit does not implement.
-    """
-    config = files.config
-    if config is None:
-        return None
-    config = config.get("vision_config", config)
-    found = {}
-    if "layer_norm_eps" in config:
-        found["layer_norm_epsilon"] = float(config["layer_norm_eps"])
-    if "hidden_act" in config:
-        if config["hidden_act"] not in HIDDEN_ACTIVATIONS:
-            raise ValueError(f"{files.path(config_files.CONFIG)!r}: hidden_act={config['hidden_act']!r} is not "
-                             f"implemented by keras_vit. Supported: {sorted(HIDDEN_ACTIVATIONS)}.")
-        found.update(HIDDEN_ACTIVATIONS[config["hidden_act"]])
-    if "num_attention_heads" in config:
-        found["num_heads"] = int(config["num_attention_heads"])
-    found.update({field: int(config[key]) for key, field in HF_ARCHITECTURE.items()
-                  if isinstance(config.get(key), int)})
-    if layout == HF_DINOV2:  # Dinov2Config has no intermediate_size: its MLP is mlp_ratio (4) times the width
-        found.pop("mlp_dim", None)
-        if isinstance(config.get("hidden_size"), int) and isinstance(config.get("mlp_ratio", 4), (int, float)):
-            found["mlp_dim"] = int(config["hidden_size"] * config.get("mlp_ratio", 4))
-    size = config.get("image_size")
-    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
-        found["image_size"] = size
-    return found
-
-
-# timm's config.json (`save_for_hf`): `model_args` keys that describe what the weights' shapes also say.
-TIMM_ARCHITECTURE = {"embed_dim": "hidden_dim", "depth": "num_layers", "patch_size": "patch_size"}
-# The number of heads of timm's ViT entry points (timm/models/vision_transformer.py, deit.py; timm 1.0.31) by the
-# size word of their name (`vit_<size>_patch...`, `deit3_<size>_...`) and width; `model_args` state it only where
-# it was given. The exceptions to their size word's rule are listed by name.
-TIMM_HEADS = {"tiny": {192: 3}, "small": {384: 6}, "medium": {512: 8}, "base": {768: 12}, "large": {1024: 16},
-              "huge": {1280: 16}, "giant": {1408: 16, 1536: 24}, "gigantic": {1664: 16}, "so400m": {1152: 16},
-              "so150m": {896: 14}}
-TIMM_HEADS_BY_NAME = {"vit_base_patch16_gap_224": 16}
-
-
-def read_timm_config(files: config_files.Beside, hidden_dim: int) -> tuple[dict, str | None]:
-    """What timm's `config.json` beside a weights file (`files`) states of the architecture, and where the heads
-    come from.
-
-    Returns:
-        ({`num_heads`, and the `TIMM_ARCHITECTURE` fields `model_args` sets}, a phrase naming the heads' source, or
-        None where nothing states them): `model_args["num_heads"]`, else the entry point's own, from its name
-        (`architecture`) and the weights' width `hidden_dim`.
-    """
-    config = files.config
-    if config is None or not isinstance(config.get("model_args", {}), dict):
-        return {}, None
-    model_args = config.get("model_args", {})
-    found = {field: model_args[key] for key, field in TIMM_ARCHITECTURE.items()
-             if isinstance(model_args.get(key), int) and not isinstance(model_args.get(key), bool)}
-    heads = model_args.get("num_heads")
-    if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0:
-        return dict(found, num_heads=heads), "model_args"
-    name = config.get("architecture")
-    name = name.split(".")[0] if isinstance(name, str) else ""
-    size = re.match(r"(?:vit|deit3?)_([a-z0-9]+)_", name)
-    heads = TIMM_HEADS_BY_NAME.get(name) or (TIMM_HEADS.get(size.group(1), {}).get(hidden_dim) if size else None)
-    if heads is None:
-        return found, None
-    return dict(found, num_heads=heads), f"timm's {name!r}"
 
 
 def position_resampling(layout: str, keys) -> tuple[str, str]:

@@ -18,7 +18,7 @@ Transformer blocks and their parts, the attention-pooling head). Every name is i
 from keras_vit.layers.encoder import (ACTIVATIONS, LAYER_NORM_EPSILON, Dense, HeadProjection, LayerNorm, LayerScale,
                                       MAPHead, MlpBlock, MultiHeadDotProductAttention, StochasticDepth,
                                       TransformerBlock, transformer_blocks)
-from keras_vit.layers.position_tables import sincos_2d_grid, sincos_2d_position_embedding, zoom_axis
+from keras_vit.layers.position_tables import sincos_2d_position_embedding
 from keras_vit.layers.tokens import (POOLINGS, POSITION_EMBEDDINGS, ClassToken, PatchEncoder, Patches,
                                      PositionEmbedding, RegisterTokens, TokenPooling, extract_patches, patch_grid,
                                      to_pair)
@@ -26,5 +26,5 @@ from keras_vit.layers.tokens import (POOLINGS, POSITION_EMBEDDINGS, ClassToken, 
 __all__ = ["ACTIVATIONS", "LAYER_NORM_EPSILON", "POOLINGS", "POSITION_EMBEDDINGS", "ClassToken", "Dense",
            "HeadProjection", "LayerNorm", "LayerScale", "MAPHead", "MlpBlock", "MultiHeadDotProductAttention",
            "PatchEncoder", "Patches", "PositionEmbedding", "RegisterTokens", "StochasticDepth", "TokenPooling",
-           "TransformerBlock", "extract_patches", "patch_grid", "sincos_2d_grid", "sincos_2d_position_embedding",
-           "to_pair", "transformer_blocks", "zoom_axis"]
+           "TransformerBlock", "extract_patches", "patch_grid", "sincos_2d_position_embedding", "to_pair",
+           "transformer_blocks"]

@@ -11,7 +11,8 @@ import numpy as np
 from keras import ops
 
 from keras_vit import kernels
-from keras_vit.layers.position_tables import resize_axis, sincos_2d_grid, sincos_2d_position_embedding
+from keras_vit.checkpoints.resample import resize_axis
+from keras_vit.layers.position_tables import sincos_2d_position_embedding
 from keras_vit.variants import POSITION_EMBEDDINGS, POSITION_RESAMPLINGS
 
 POOLINGS = ("token", "avg")
@@ -302,9 +303,9 @@ class PositionEmbedding(keras.layers.Layer):
                 self.prefix_embedding = self.add_weight(name="prefix_embedding",
                                                         shape=(self.num_prefix_tokens, width), initializer=init)
         elif self.kind == "sincos_2d":
-            grid = sincos_2d_position_embedding(self.grid_size, width)
-            prefix = np.zeros((self.num_prefix_tokens, width), "float32")
-            self.sincos_table = np.concatenate([prefix, grid])[None]
+            if width % 4:
+                raise ValueError(f"sincos_2d position embeddings need a hidden size divisible by 4. Received: {width}")
+            self.sincos_width = width
 
     def embedding(self, grid_size=None):
         """The (1, num_prefix_tokens + rows * columns, hidden_dim) table added to tokens on the grid `grid_size`
@@ -319,11 +320,8 @@ class PositionEmbedding(keras.layers.Layer):
             table = resize_axis(resize_axis(table, 0, rows, self.resampling), 1, columns, self.resampling)
             return ops.concatenate([prefix, ops.reshape(table, (1, -1, table.shape[-1]))], axis=1)
         if self.kind == "sincos_2d":
-            if stored:
-                return ops.convert_to_tensor(self.sincos_table)
-            width = self.sincos_table.shape[-1]
-            table = sincos_2d_grid(grid, width)
-            return ops.concatenate([ops.zeros((self.num_prefix_tokens, width)), table], axis=0)[None]
+            table = sincos_2d_position_embedding(grid, self.sincos_width)
+            return ops.concatenate([ops.zeros((self.num_prefix_tokens, self.sincos_width)), table], axis=0)[None]
         if self.kind == "learned_2d":
             row_embedding = self.row_embedding if stored else resize_axis(self.row_embedding, 0, rows,
                                                                           self.resampling)
