@@ -18,10 +18,9 @@ Transformer blocks and their parts, the attention-pooling head). Every name is i
 from keras_vit.layers.encoder import (ACTIVATIONS, LAYER_NORM_EPSILON, Dense, HeadProjection, LayerNorm, LayerScale,
                                       MAPHead, MlpBlock, MultiHeadDotProductAttention, StochasticDepth,
                                       TransformerBlock, transformer_blocks)
-from keras_vit.layers.position_tables import sincos_2d_position_embedding
 from keras_vit.layers.tokens import (POOLINGS, POSITION_EMBEDDINGS, ClassToken, PatchEncoder, Patches,
                                      PositionEmbedding, RegisterTokens, TokenPooling, extract_patches, patch_grid,
-                                     to_pair)
+                                     sincos_2d_position_embedding, to_pair)
 
 __all__ = ["ACTIVATIONS", "LAYER_NORM_EPSILON", "POOLINGS", "POSITION_EMBEDDINGS", "ClassToken", "Dense",
            "HeadProjection", "LayerNorm", "LayerScale", "MAPHead", "MlpBlock", "MultiHeadDotProductAttention",
