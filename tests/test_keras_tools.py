@@ -62,7 +62,7 @@ class _OwnScale(keras.layers.Layer):
         return 2.0 * x
 
 
-def test_quantize_is_keras_without_its_notice_for_each_float_layer_of_ours():
+def test_quantize_is_keras_without_its_notice_for_each_float_layer_of_ours(monkeypatch):
     """`ViTModel.quantize` quantizes as `keras.Model.quantize` does (the same outputs, bit for bit) without Keras'
     warning for each layer keras_vit builds that stays float; a layer of the user's own still gets it."""
     ours, theirs = _model(), _model()
@@ -72,7 +72,10 @@ def test_quantize_is_keras_without_its_notice_for_each_float_layer_of_ours():
         warnings.simplefilter("always")
         ours.quantize("int8")
     assert not [w for w in caught if issubclass(w.category, UserWarning)], [str(w.message) for w in caught]
-    with warnings.catch_warnings(record=True) as keras_notices:
+    with warnings.catch_warnings(record=True) as keras_notices, monkeypatch.context() as patch:
+        # Keras' full collection for each of the 13 kernels it deletes (0.4 s or more each in a test process) changes
+        # no number: skipped here (test_quantize_collects_garbage_once... counts them).
+        patch.setattr(gc, "collect", lambda generation=2: 0)
         warnings.simplefilter("always")
         keras.Model.quantize(theirs, "int8")
     assert "Layer PositionEmbedding does not have a `quantize` method implemented." in {
@@ -111,7 +114,8 @@ def test_quantize_collects_garbage_once_where_keras_collects_for_each_deleted_ke
     (lambda: vit_layers.HeadProjection("btnh,nhd->btd", (None, 8), bias_axes="d"),
      lambda: keras.layers.EinsumDense("btnh,nhd->btd", (None, 8), bias_axes="d"), (2, 5, 2, 3)),
 ])
-def test_quantized_projection_takes_keras_quantized_path(make_ours, make_keras, input_shape):
+def test_quantized_projection_takes_keras_quantized_path(make_ours, make_keras, input_shape, monkeypatch):
+    monkeypatch.setattr(gc, "collect", lambda generation=2: 0)  # Keras' collection as it deletes a kernel: time only
     ours, theirs = make_ours(), make_keras()
     ours.build(input_shape)
     theirs.build(input_shape)

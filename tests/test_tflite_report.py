@@ -265,10 +265,18 @@ def int8_halves(model, calibration) -> tuple[bytes, bytes]:
         return calibrated, converter.convert()
 
 
-@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
-def test_full_int8_runs_every_attention_product_and_layer_norm_on_xnnpack(tmp_path):
+@pytest.fixture(scope="module")
+def int8_of_tiny(tmp_path_factory):
+    """`tiny_model()` and its int8 conversions on the first 20 digits, made once for the tests that read them:
+    (model, calibration, its int8 file by `tflite.convert`, and `int8_halves`: calibrated, plain)."""
     model, calibration = tiny_model(), data.digits(SIZE)[:20]
-    path = tflite.convert(model, tmp_path / "int8.tflite", "int8", calibration)
+    path = tflite.convert(model, tmp_path_factory.mktemp("int8") / "int8.tflite", "int8", calibration)
+    return (model, calibration, path, *int8_halves(model, calibration))
+
+
+@pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
+def test_full_int8_runs_every_attention_product_and_layer_norm_on_xnnpack(int8_of_tiny):
+    model, calibration, path, calibrated, _ = int8_of_tiny
     interpreter = Interpreter(model_path=str(path))
     interpreter.allocate_tensors()
     outside, _ = tflite.outside_delegates(interpreter)
@@ -280,7 +288,6 @@ def test_full_int8_runs_every_attention_product_and_layer_norm_on_xnnpack(tmp_pa
     right = [graph.tensors[op.inputs[1]] for name, op in zip(names, graph.operators) if name == "BATCH_MATMUL"]
     assert len(right) == 2 * 2  # q k^T and A V in each of the 2 blocks
     # Each right operand's scale is the symmetric range of its calibrated one: the larger end / 127.
-    calibrated, _ = int8_halves(model, calibration)
     calibrated_names, calibrated_graph = graph_of(calibrated)
     ranges = {t.name: (t.quantization.min[0], t.quantization.max[0]) for t in calibrated_graph.tensors
               if t.quantization is not None and t.quantization.min is not None}
@@ -293,9 +300,8 @@ def test_full_int8_runs_every_attention_product_and_layer_norm_on_xnnpack(tmp_pa
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
-def test_int8_cpu_is_int8_with_softmax_and_gelu_in_float32_on_xnnpack(tmp_path):
-    model, calibration = tiny_model(), data.digits(SIZE)[:20]
-    int8 = tflite.convert(model, tmp_path / "int8.tflite", "int8", calibration)
+def test_int8_cpu_is_int8_with_softmax_and_gelu_in_float32_on_xnnpack(tmp_path, int8_of_tiny):
+    model, calibration, int8, _, _ = int8_of_tiny
     path = tflite.convert(model, tmp_path / "int8_cpu.tflite", "int8_cpu", calibration)
     interpreter = Interpreter(model_path=str(path))
     interpreter.allocate_tensors()
@@ -338,9 +344,8 @@ def test_int8_cpu_sensitive_layers_rank_only_what_it_quantizes():
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
-def test_full_int8_in_two_halves_is_convert_but_for_the_symmetric_ranges():
-    model, calibration = tiny_model(), data.digits(SIZE)[:20]
-    calibrated, plain = int8_halves(model, calibration)
+def test_full_int8_in_two_halves_is_convert_but_for_the_symmetric_ranges(int8_of_tiny):
+    _, _, _, calibrated, plain = int8_of_tiny
     halves = _tf_internals.quantize_calibrated(calibrated, tf.uint8, tf.uint8)
     assert quantization_of(halves) == quantization_of(plain)
     widened = tflite_conversion.symmetric_matmul_operands(calibrated)
@@ -364,12 +369,11 @@ def test_full_int8_in_two_halves_is_convert_but_for_the_symmetric_ranges():
 @pytest.mark.parametrize("mode, what", [("int8", "attention products"),
                                         ("int8_cpu", "attention products and SOFTMAX, GELU \\(int8 here\\)")],
                          ids=["int8", "int8_cpu"])
-def test_full_int8_without_the_converter_internals_is_plain_convert(tmp_path, monkeypatch, mode, what):
+def test_full_int8_without_the_converter_internals_is_plain_convert(tmp_path, monkeypatch, mode, what, int8_of_tiny):
     def unavailable(converter):
         raise _tf_internals.Unavailable("forced by the test")
 
-    model, calibration = tiny_model(), data.digits(SIZE)[:20]
-    _, plain = int8_halves(model, calibration)
+    model, calibration, _, _, plain = int8_of_tiny
     monkeypatch.setattr(_tf_internals, "calibrated_tflite", unavailable)
     with pytest.warns(UserWarning, match=rf"Writing {mode} by TFLiteConverter\.convert\(\): forced by the test\. "
                                          rf"Its {what} will run outside XNNPACK, several times slower\."):

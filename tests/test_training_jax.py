@@ -108,8 +108,9 @@ def _run_sharding(workdir, names: str) -> dict:
 
 @pytest.fixture(scope="module")
 def sharding(tmp_path_factory):
+    """The three strategies in one JAX process (each starts from the same seed), for the tests below."""
     workdir = tmp_path_factory.mktemp("sharding")
-    return workdir, _run_sharding(workdir, "one_device,data_parallel")
+    return workdir, _run_sharding(workdir, "one_device,data_parallel,model_parallel")
 
 
 def _weights(path) -> list[np.ndarray]:
@@ -139,11 +140,11 @@ def test_data_parallel_on_4_devices_equals_one_device(sharding):
     _assert_equals_one_device(workdir, report, "data_parallel", replicas=4, mlp_shard=[16, 32])
 
 
-@pytest.mark.slow
-def test_model_parallel_2x2_equals_one_device(tmp_path):
+@pytest.mark.slow  # one JAX subprocess with 4 host devices, shared with the tests beside it
+def test_model_parallel_2x2_equals_one_device(sharding):
     """A (2 batch, 2 model) mesh: the MLP and attention kernels are split in two, each half on 2 devices."""
-    report = _run_sharding(tmp_path, "one_device,model_parallel")
-    _assert_equals_one_device(tmp_path, report, "model_parallel", replicas=2, mlp_shard=[16, 16])
+    workdir, report = sharding
+    _assert_equals_one_device(workdir, report, "model_parallel", replicas=2, mlp_shard=[16, 16])
 
 
 @pytest.mark.slow  # one JAX subprocess with 4 host devices (about 20 s)

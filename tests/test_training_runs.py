@@ -224,12 +224,14 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
         lines.append(line)
         if "Training starts at epoch" in line:
             break
+    process.send_signal(signal.SIGSTOP)  # Paused while the second run starts (its lock held), not training on.
     second = subprocess.run(_cli(workdir, "epochs=1000", "steps_per_epoch=50"), env=subprocess_env(),
                             capture_output=True, text=True, timeout=300)  # The same command, while it trains.
     assert second.returncode == 1 and second.stderr.strip().splitlines()[-1].startswith(
         f"keras-vit-train: error: Another process (process {process.pid} on ") and f"is training in {workdir}: its " \
         "backup" in second.stderr and "Traceback" not in second.stderr, second.stderr[-3000:]
     assert process.poll() is None, "training ended before it could be interrupted"
+    process.send_signal(signal.SIGCONT)
     process.send_signal(signal.SIGINT)
     lines += process.stderr.readlines()
     assert process.wait(timeout=120) == 130, "".join(lines)[-3000:]
