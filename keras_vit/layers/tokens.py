@@ -229,11 +229,15 @@ class RegisterTokens(keras.layers.Layer):
         return config
 
 
+def _check_sincos_width(width: int) -> None:
+    if width % 4:
+        raise ValueError(f"sincos_2d position embeddings need a hidden size divisible by 4. Received: {width}")
+
+
 def sincos_2d_position_embedding(grid_size, width: int, temperature: float = 10_000.0):
     """Fixed 2-D sine-cosine embedding of a (rows, columns) grid, (rows * columns, width) float32, as in big_vision
     (`posemb_sincos_2d`): [sin(x w), cos(x w), sin(y w), cos(y w)] with w_d = temperature ** -(d / (width / 4 - 1))."""
-    if width % 4:
-        raise ValueError(f"sincos_2d position embeddings need a hidden size divisible by 4. Received: {width}")
+    _check_sincos_width(width)
     rows, columns = grid_size
     quarter = width // 4
     omega = ops.convert_to_tensor(1.0 / temperature ** (np.arange(quarter) / max(quarter - 1, 1)), "float32")
@@ -315,8 +319,7 @@ class PositionEmbedding(keras.layers.Layer):
                 self.prefix_embedding = self.add_weight(name="prefix_embedding",
                                                         shape=(self.num_prefix_tokens, width), initializer=init)
         elif self.kind == "sincos_2d":
-            if width % 4:
-                raise ValueError(f"sincos_2d position embeddings need a hidden size divisible by 4. Received: {width}")
+            _check_sincos_width(width)  # at build, not at the first call
             self.sincos_width = width
 
     def embedding(self, grid_size=None):
