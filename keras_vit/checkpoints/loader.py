@@ -262,10 +262,11 @@ def plan_assignments(model: keras.Model, arrays: dict[str, np.ndarray], origin: 
             continue
         key, value = mapped.pop(path)
         if path == _POSEMB_PATH and value.shape != tuple(variable.shape):
-            rows, columns = model.get_layer("posembed_input").grid_size
+            table = _owner(model, variable)
+            rows, columns = table.grid_size
             resized = (f"{name(key)} resampled from {value.shape[1]} to {variable.shape[1]} tokens "
                        f"({rows}x{columns} grid)")
-            value = _resample_for(model, value, variable, name(key), problems, method)
+            value = _resample_for(table, value, variable, name(key), problems, method)
         if value is not None and value.shape != tuple(variable.shape):
             problems.append(f"shape mismatch for key {name(key)} -> {path!r}: expected {tuple(variable.shape)}, "
                             f"found {value.shape}")
@@ -300,13 +301,21 @@ def _warn_top_changes(kept: list[str], dropped: list[str]) -> None:
         warnings.warn(f"keras_vit: checkpoint keys not used by this model: {', '.join(dropped)}.", stacklevel=3)
 
 
-def _resample_for(model: keras.Model, value: np.ndarray, variable, key: str, problems: list,
+def _owner(model: keras.Model, variable: keras.Variable) -> keras.layers.Layer:
+    """The innermost layer of `model` that holds `variable` (the loader maps weights by their paths and never finds
+    a layer by its name: the position table's own layer tells its grid)."""
+    for layer in model.layers:
+        if any(weight is variable for weight in layer.weights):
+            return _owner(layer, variable) if isinstance(layer, keras.Model) else layer
+    raise ValueError(f"No layer of model {model.name!r} holds the weight {variable.path!r}.")
+
+
+def _resample_for(layer: keras.layers.Layer, value: np.ndarray, variable, key: str, problems: list,
                   method: str) -> np.ndarray | None:
-    """Position embedding resampled to the model's grid with `method` (`resample.METHODS`), or None (with a
-    problem) if impossible.
+    """Position embedding resampled to the grid of `layer` (the model's position embedding, which holds
+    `variable`) with `method` (`resample.METHODS`), or None (with a problem) if impossible.
 
     `key` is the checkpoint key as messages show it (quoted)."""
-    layer = model.get_layer("posembed_input")
     if value.ndim != 3 or value.shape[-1] != variable.shape[-1]:
         problems.append(f"shape mismatch for key {key}: expected {tuple(variable.shape)}, found {value.shape}")
         return None
