@@ -153,7 +153,7 @@ def compare(name: str, out_dir: str) -> dict:
         same_pixels = same_pixels / np.linalg.norm(same_pixels, axis=1, keepdims=True)
     cosine = np.sum(served * expected, 1) / np.linalg.norm(served, axis=1) / np.linalg.norm(expected, axis=1)
     scale = float(np.abs(expected).max())
-    fields = ours.vit_config.input_fields
+    fields = ours.preprocessing_config.to_dict()
     return {"read from": os.path.basename(file.preprocessing_source or "nothing"),
             "mean": [round(v, 4) for v in fields["image_mean"]], "std": [round(v, 4) for v in fields["image_std"]],
             "resize": f"{fields['resize_mode']}, crop {fields['crop_fraction']:.3g}, {fields['interpolation']}",

@@ -3,13 +3,11 @@
 Serving always takes raw pixels in [0, 255] and returns logits and probabilities, so the
 exporters work on a *pixel logits model*: the classifier up to its `head` layer (before any
 softmax), with the checkpoint's normalization prepended when the model does not carry it
-(`input_fields`: its `ViTConfig`'s; the original's [0, 255] -> [-1, 1] for a model without one).
+(`preprocessing_config`: the model's `PreprocessingConfig`; the original's [0, 255] -> [-1, 1] for a model without
+one).
 """
 
 from __future__ import annotations
-
-import dataclasses
-from typing import Any
 
 import keras
 
@@ -80,14 +78,14 @@ def vit_config(model: keras.Model) -> variants.ViTConfig | None:
     return None
 
 
-def input_fields(model: keras.Model) -> dict[str, Any]:
-    """The input fields (mean, std, resize, crop, interpolation) of the keras_vit model in `model` (itself or a
-    nested one); the defaults (the original's) for a model without a `vit_config`."""
-    config = vit_config(model)
-    if config is not None:
-        return config.input_fields
-    return {field.name: field.default for field in dataclasses.fields(variants.ViTConfig)
-            if field.name in variants.INPUT_FIELDS}
+def preprocessing_config(model: keras.Model) -> variants.PreprocessingConfig:
+    """The `PreprocessingConfig` (mean, std, resize, crop, interpolation) of the keras_vit model in `model` (itself
+    or a nested one); the defaults (the original's) for a model without one."""
+    for candidate in (model, *model.layers):
+        config = getattr(candidate, "preprocessing_config", None)
+        if config is not None:
+            return config
+    return variants.PreprocessingConfig()
 
 
 def widest_activation_per_image(model: keras.Model) -> int | None:
@@ -104,20 +102,15 @@ def widest_activation_per_image(model: keras.Model) -> int | None:
     return max(tokens * config.mlp_dim, config.num_heads * tokens * tokens, stem)
 
 
-def resize_transform(fields: dict[str, Any]) -> dict[str, Any]:
-    """The resize and crop keywords of `image_io.fit_to_model` among input fields (`input_fields(model)`)."""
-    return {name: fields[name] for name in variants.RESIZE_FIELDS}
-
-
-def with_pixel_input(model: keras.Model, fields: dict[str, Any] | None = None) -> keras.Model:
-    """`model` itself when it takes [0, 255] pixels; else a model that normalizes them first, with `fields`
-    (default: `input_fields(model)`)."""
+def with_pixel_input(model: keras.Model, preprocessing: variants.PreprocessingConfig | None = None) -> keras.Model:
+    """`model` itself when it takes [0, 255] pixels; else a model that normalizes them first, with `preprocessing`
+    (default: `preprocessing_config(model)`)."""
     geometry = _geometry(model)
     if geometry is not None and geometry.pixel_input:
         return model
-    fields = fields or input_fields(model)
+    preprocessing = preprocessing or preprocessing_config(model)
     image = keras.Input(shape=model.input_shape[1:], name="image")
-    scale, offset = variants.pixel_normalization(fields["image_mean"], fields["image_std"])
+    scale, offset = preprocessing.pixel_normalization()
     scaled = keras.layers.Rescaling(scale, offset=offset, name="preprocessing")(image)
     return keras.Model(image, model(scaled), name=f"{model.name}_pixels")
 
@@ -125,4 +118,4 @@ def with_pixel_input(model: keras.Model, fields: dict[str, Any] | None = None) -
 def pixel_logits_model(model: keras.Model) -> keras.Model:
     """Raw [0, 255] pixels at the model's size -> logits, the last encoder block computing only the rows the
     head reads (`keras_vit.head_rows_model`)."""
-    return with_pixel_input(head_rows_model(logits_model(model)), input_fields(model))
+    return with_pixel_input(head_rows_model(logits_model(model)), preprocessing_config(model))

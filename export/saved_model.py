@@ -96,8 +96,7 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
                 "image_group": serving.image_group_size(model, max_batch, serving_kernels),
                 "image_formats": list(image_io.FORMATS),
                 "signatures": ["serving_default", serving.BYTES_SIGNATURE, *signatures],
-                "preprocessing": {name: list(value) if isinstance(value, tuple) else value
-                                  for name, value in model_io.input_fields(model).items()}}
+                "preprocessing": model_io.preprocessing_config(model).to_dict()}
     with atomic_write(target, folder=True) as partial:  # makes `base` where there is none
         archive.write_out(partial, verbose=False)
         write_warmup_requests(partial, size, model_name=base.name)

@@ -3,7 +3,7 @@
 `serving_default` takes float32 images of any size in [0, 255]; `serving_bytes` takes encoded
 JPEG/PNG/GIF/BMP strings (what TF Serving's REST API receives as `{"b64": ...}`). Both resize
 and crop to the model's size inside, as the checkpoint's own evaluation transform does
-(`image_io.fit_to_model` with the model's `ViTConfig` input fields: e.g. DINOv2's shortest edge to 256,
+(`image_io.fit_to_model` with the model's `PreprocessingConfig`: e.g. DINOv2's shortest edge to 256,
 bicubic, centre crop 224), normalize with its mean and std, and return `logits`, `probabilities`, top-k
 `classes` and `scores`, and `class_names` when the exporter was given names (a model without a head: its
 `embedding`). Optional signatures from encoded images serve more than class probabilities: `embed` (the
@@ -46,7 +46,7 @@ EIGEN_GROUP_BYTES = 8 * 2**20
 def decode(image_bytes: tf.Tensor, size: tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
            transform: dict | None = None) -> tf.Tensor:
     """A batch of encoded images -> float32 (batch, height, width, 3) in [0, 255] at `size`, each resized and
-    cropped by `transform` (`model_io.resize_transform`: the checkpoint's; default a bilinear squash).
+    cropped by `transform` (`PreprocessingConfig.resize_arguments`: the checkpoint's; default a bilinear squash).
 
     Empty, unsupported, corrupt, truncated or over-`max_pixels` images raise InvalidArgumentError
     for the whole request. Images are decoded one after another (`parallel_iterations=1`).
@@ -140,13 +140,13 @@ def check_signatures(signatures: Sequence[str]) -> None:
                          f"{', '.join(EXTRA_SIGNATURES)}.")
 
 
-def _views(model: keras.Model, names: Sequence[str], fields: dict, has_head: bool, feature_blocks: Sequence[int],
+def _views(model: keras.Model, names: Sequence[str], preprocessing, has_head: bool, feature_blocks: Sequence[int],
            embedding: str, l2_normalize: bool) -> dict[str, keras.Model]:
-    """Signature name -> a model of [0, 255] pixels (normalized with `fields` first) with dict outputs."""
+    """Signature name -> a model of [0, 255] pixels (normalized with `preprocessing` first) with dict outputs."""
     views = {"embed": lambda: head_rows_model(features.embedding_model(model, embedding, l2_normalize)),
              "features": lambda: features.features_model(model, feature_blocks, output="nhwc"),
              "explain": lambda: features.explain_model(model_io.logits_model(model) if has_head else model)}
-    return {name: model_io.with_pixel_input(views[name](), fields) for name in names}
+    return {name: model_io.with_pixel_input(views[name](), preprocessing) for name in names}
 
 
 def _explanation(outputs: dict[str, tf.Tensor], has_head: bool) -> dict[str, tf.Tensor]:
@@ -183,15 +183,15 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
     check_limits(max_pixels, max_batch)
     kernels.check_serving_kernels(serving_kernels)
     check_signatures(signatures)
-    fields = model_io.input_fields(model)
-    transform = model_io.resize_transform(fields)
+    preprocessing = model_io.preprocessing_config(model)
+    transform = preprocessing.resize_arguments
     size, stride = model_io.image_size(model), model_io.patch_stride(model)
     if "explain" in signatures and stride:
         raise ValueError("The explain signature needs a model of a fixed input size (its rollout map has the "
                          "model's size): export a model built at one size, without --any-size.")
     has_head = features.classifier_head(model) is not None
     # A tower without a head serves its embedding on serving_default and serving_bytes: the `embed` view.
-    views = _views(model, {*signatures, *(() if has_head else ("embed",))}, fields, has_head, feature_blocks,
+    views = _views(model, {*signatures, *(() if has_head else ("embed",))}, preprocessing, has_head, feature_blocks,
                    embedding, l2_normalize)
     if has_head:
         pixel_logits = model_io.pixel_logits_model(model)

@@ -246,7 +246,7 @@ def _load_images(model: keras.Model, images: np.ndarray | None, labels: np.ndarr
     elif labels is not None:
         raise ValueError("Expected labels only with images: a dataset brings its own labels (the digits) or none.")
     else:
-        transform = model_io.resize_transform(model_io.input_fields(model))
+        transform = model_io.preprocessing_config(model).resize_arguments
         images = data.load(dataset, size, transform)
         source = "directory" if os.path.isdir(str(dataset)) else str(dataset)
         labels = datasets.digits("all")[1] if source == "digits" else None  # data.digits' order

@@ -84,7 +84,7 @@ def _converter(model: keras.Model, options: dict[str, Any],
     converted is `keras_vit.head_rows_model(model)`: the same outputs, the last encoder block computing only the
     rows the head reads (for a model that is not a keras_vit classifier on a token, `model` itself)."""
     twin = head_rows_model(model)
-    pixel_model = model_io.with_pixel_input(twin, model_io.input_fields(model)) if pixel_input else twin
+    pixel_model = model_io.with_pixel_input(twin, model_io.preprocessing_config(model)) if pixel_input else twin
     height, width = model_io.image_size(model) if pixel_input else model.input_shape[1:3]
     # Keras' ExportArchive to a SavedModel, then TensorFlow's converter: what `Model.export(format="litert")`
     # does from Keras 3.12, on every Keras release this package supports.

@@ -35,7 +35,7 @@ _MODULES = {
     "keras_vit.models": ("BUILDERS", "R26ViTS32", "R50ViTB16", "R50ViTL32", "ViTB8", "ViTB16", "ViTB32", "ViTH14",
                          "ViTL16", "ViTL32", "ViTS16", "ViTS32", "ViTTi16", "VisionTransformer", "ViTModel"),
     "keras_vit.resnet": ("BottleneckUnit", "StdConv2D"),
-    "keras_vit.variants": ("VARIANTS", "ViTConfig", "decode_variant"),
+    "keras_vit.variants": ("VARIANTS", "PreprocessingConfig", "ViTConfig", "decode_variant"),
 }
 _MODULE_OF = {name: module for module, names in _MODULES.items() for name in names}
 _ALIASES = {"load_weights": "load"}

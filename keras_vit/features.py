@@ -233,8 +233,9 @@ def zero_shot_classifier(model: keras.Model, class_embeddings, *, source: str = 
         classifier_activation, name="predictions", dtype="float32")(logits)
     from keras_vit.models import ViTModel  # the models import this module
 
-    return ViTModel(model.input, outputs, name=f"{model.name}_zero_shot", vit_config=getattr(model, "vit_config",
-                                                                                              None))
+    return ViTModel(model.input, outputs, name=f"{model.name}_zero_shot",
+                    vit_config=getattr(model, "vit_config", None),
+                    preprocessing_config=getattr(model, "preprocessing_config", None))
 
 
 def rollout(attentions: Sequence):

@@ -14,7 +14,7 @@ import dataclasses
 import keras
 
 from keras_vit import layers as vit_layers
-from keras_vit.variants import ViTConfig
+from keras_vit.variants import PreprocessingConfig, ViTConfig
 
 PREPROCESSING = "preprocessing"  # the Rescaling of include_preprocessing=True: the model takes [0, 255] pixels
 ENCODER_NORM = "encoder_norm"  # the final norm of every token (absent with fc_norm=True)
@@ -86,16 +86,16 @@ def model_geometry(model: keras.Model) -> ModelGeometry:
     if config is not None:
         stride = (config.stride, config.stride)
         num_prefix_tokens, class_token = config.num_prefix_tokens, config.classifier == "token"
-        mean, std = config.image_mean, config.image_std
     else:
         stride = position.patch_stride or (height // position.grid_size[0], width // position.grid_size[1])
         num_prefix_tokens = sum(layer.num_tokens if isinstance(layer, vit_layers.RegisterTokens) else 1
                                 for layer in model.layers
                                 if isinstance(layer, (vit_layers.ClassToken, vit_layers.RegisterTokens)))
         class_token = any(isinstance(layer, vit_layers.ClassToken) for layer in model.layers)
-        mean = std = (0.5, 0.5, 0.5)  # the original's [-1, 1]
     grid = position.grid_size if input_size is None else (input_size[0] // stride[0], input_size[1] // stride[1])
     pixel_input = PREPROCESSING in by_name
+    preprocessing = getattr(model, "preprocessing_config", None) or PreprocessingConfig()  # the original's [-1, 1]
+    mean, std = preprocessing.image_mean, preprocessing.image_std
     value_range = PIXEL_RANGE if pixel_input else (min(-m / s for m, s in zip(mean, std)),
                                                    max((1 - m) / s for m, s in zip(mean, std)))
     encoder_norm = by_name.get(ENCODER_NORM)

@@ -148,13 +148,13 @@ def fit_to_model(images: tf.Tensor, size: tuple[int, int], *, resize_mode: str =
                  crop_offset: str = "floor") -> tf.Tensor:
     """Images (batch, height, width, 3) of one size -> float32 (batch, *size, 3): resized, then centre-cropped.
 
-    The checkpoint's evaluation transform (`ViTConfig.input_fields`): the resize size is `resize_sides` (the
-    declared integer, else `floor(size / crop_fraction)`, timm's `crop_pct` rule); `"squash"` resizes both sides to
-    it, `"shortest_edge"` the short side, the long one to `int(resize * long / short)` (as transformers and
-    torchvision). The crop takes the centre, its top-left offset `(resized - size) // 2` (`crop_offset="floor"`,
-    transformers) or that halved margin rounded half to even (`"round"`, torchvision, which timm uses).
-    `interpolation` is a `tf.image.resize` method, antialiased when shrinking (as PIL, which transformers and timm
-    resize with). An image already at the resize size passes the resize unchanged.
+    The checkpoint's evaluation transform (`PreprocessingConfig.resize_arguments`): the resize size is
+    `resize_sides` (the declared integer, else `floor(size / crop_fraction)`, timm's `crop_pct` rule); `"squash"`
+    resizes both sides to it, `"shortest_edge"` the short side, the long one to `int(resize * long / short)` (as
+    transformers and torchvision). The crop takes the centre, its top-left offset `(resized - size) // 2`
+    (`crop_offset="floor"`, transformers) or that halved margin rounded half to even (`"round"`, torchvision,
+    which timm uses). `interpolation` is a `tf.image.resize` method, antialiased when shrinking (as PIL, which
+    transformers and timm resize with). An image already at the resize size passes the resize unchanged.
     """
     height, width = size
     target = resized_shape(tf.shape(images)[1:3], size, resize_mode, crop_fraction, resize_size)

@@ -20,20 +20,25 @@ CLASS_INDEX_PATH = os.path.join(os.path.dirname(__file__), "data", "imagenet_cla
 
 def preprocess_input(x, config=None):
     """Maps pixels from [0, 255] to the input of a model built with `include_preprocessing=False`: `x / 127.5 - 1`
-    ([-1, 1], the original weights' range), or with `config` (a model's `vit_config`) its checkpoint's
+    ([-1, 1], the original weights' range), or with `config` (a model's `preprocessing_config`) its checkpoint's
     normalization, `(x / 255 - config.image_mean) / config.image_std` (e.g. CLIP's or DINOv2's statistics).
 
     Models built with the default `include_preprocessing=True` do this themselves and take raw [0, 255] pixels.
 
     Args:
         x: array or tensor of pixels in [0, 255], channels last.
-        config: optional `keras_vit.ViTConfig` (`model.vit_config`). Defaults to `None`: mean = std = 0.5.
+        config: optional `keras_vit.PreprocessingConfig` (`model.preprocessing_config`). Defaults to `None`:
+            mean = std = 0.5.
 
     Returns:
         A float32 tensor of the same shape.
     """
     if config is None:
         return ops.cast(x, "float32") / 127.5 - 1.0
+    if not hasattr(config, "pixel_normalization"):
+        raise TypeError(f"preprocess_input takes a model's `preprocessing_config` (a keras_vit.PreprocessingConfig, "
+                        f"which holds image_mean and image_std). Received: {type(config).__name__}; since 0.3 the "
+                        "mean and std are no longer fields of `vit_config`.")
     scale, offset = config.pixel_normalization()
     return ops.cast(x, "float32") * ops.convert_to_tensor(scale, "float32") + ops.convert_to_tensor(offset, "float32")
 

@@ -1,7 +1,8 @@
 """Functional Vision Transformer models, called like `keras.applications`.
 
 `VisionTransformer(variant, **options)` is the one builder: its options are the fields of
-`keras_vit.variants.ViTConfig`, merged over the variant's row and the fields a checkpoint file fixes;
+`keras_vit.variants.ViTConfig` (the forward), merged over the variant's row and the fields a checkpoint file
+fixes, and those of `keras_vit.variants.PreprocessingConfig` (the input), over what the file's processor declares;
 `ViTB16`, `R50ViTB16`, ... are thin wrappers over it for one row of the variant table. The forward pass
 (`_forward`) reads in paper order: preprocessing, (ResNet stem), patch embedding, class token, position
 embedding, encoder blocks, final norm, pooling, pre-logits, head. Nothing here opens a file: the checkpoint
@@ -22,7 +23,8 @@ from keras_vit import variants
 from keras_vit.checkpoints import loader as checkpoint_loader
 from keras_vit.checkpoints.reader import CheckpointFile
 from keras_vit.kernels.routed_layers import LayerNormalization
-from keras_vit.variants import CLASSIFIERS, ViTConfig  # noqa: F401  (CLASSIFIERS: the 0.2 name; 0.4 removes it)
+from keras_vit.variants import PreprocessingConfig, ViTConfig
+from keras_vit.variants import CLASSIFIERS  # noqa: F401  (CLASSIFIERS: the 0.2 name; 0.4 removes it)
 from keras_vit.vit_model import FLOAT_LAYERS, CpuKernelSteps, ViTModel  # noqa: F401  (the 0.2 paths)
 
 POOLINGS = (*vit_layers.POOLINGS, "map")
@@ -92,16 +94,20 @@ def model_config(variant: str | None = None, file: CheckpointFile | None = None,
         warnings.warn(f"keras_vit: {file.path!r} does not state its number of heads (no config.json beside it says "
                       f"it): num_heads={config.num_heads} is guessed from the variant of the same shapes. Give "
                       "num_heads= (or the variant) if the model has another.", stacklevel=3)
-    _warn_if_input_overridden(config, file)
     return config
 
 
-def _warn_if_input_overridden(config: ViTConfig, file: CheckpointFile) -> None:
-    """One line per input field given against what the checkpoint declares (the given value is used)."""
-    for name, declared in (file.preprocessing or {}).items():
-        if config[name] != declared:
-            warnings.warn(f"keras_vit: {name}={config[name]!r} overrides the checkpoint's {name}={declared!r} "
-                          f"({file.preprocessing_source}).", stacklevel=4)
+def preprocessing_config(file: CheckpointFile | None = None, **options) -> PreprocessingConfig:
+    """The `PreprocessingConfig` of `VisionTransformer(weights=file, **options)`: what the file's processor
+    declares, then the input options given (`None`: not given), each given one that differs from the declared
+    value with a one-line warning (the given value is used)."""
+    declared = (file.preprocessing if file is not None else None) or {}
+    preprocessing = variants.make_preprocessing(declared, options)
+    for name, value in declared.items():
+        if getattr(preprocessing, name) != value:
+            warnings.warn(f"keras_vit: {name}={getattr(preprocessing, name)!r} overrides the checkpoint's "
+                          f"{name}={value!r} ({file.preprocessing_source}).", stacklevel=3)
+    return preprocessing
 
 
 def VisionTransformer(
@@ -131,11 +137,12 @@ def VisionTransformer(
             name is a TypeError naming the closest valid one.
         Other arguments: as the variant builders (`help(keras_vit.ViTB16)`); `weights` defaults to `None` here.
     """
-    variants.check_options(options, "VisionTransformer")  # before any file is read
+    variants.check_options(options, "VisionTransformer", variants.BUILDER_OPTIONS)  # before any file is read
     file = checkpoint_loader.local_file(weights)  # one read of its header, carried to the loader
     if file is not None:
         file.check_preprocessing(options, include_preprocessing)
-    config = model_config(variant, file, **options)
+    forward_options, input_options = variants.split_options(options)
+    config = model_config(variant, file, **forward_options)
     if file is not None and file.shapes and file.pooling == "map" and not include_top and pooling != "map":
         raise ValueError(f"{file.path!r} pools with an attention-pooling head (classifier='map', SigLIP): pass "
                          f"pooling='map' for its pooled embedding (received pooling={pooling!r}); for the "
@@ -143,7 +150,8 @@ def VisionTransformer(
     default_size = file.input_size if file is not None and file.input_size else (224, 224)
     image, image_shape = _image_input(input_tensor, input_shape, config.stride, pretrained=weights is not None,
                                       default_size=default_size)
-    config = _declared_resize_at(config, file, image_shape, options)
+    preprocessing = _declared_resize_at(preprocessing_config(file, **input_options), file, image_shape,
+                                        resize_size_given=input_options.get("resize_size") is not None)
     weights_source = checkpoint_loader.resolve(file or weights, variant=variant, image_size=image_shape[:2],
                                                include_top=include_top, classes=classes)
     _validate(include_top=include_top, pooling=pooling, classes=classes, config=config,
@@ -153,24 +161,26 @@ def VisionTransformer(
         config = dataclasses.replace(config, representation_size=weights_source.representation_size)
     checkpoint_size = file.image_size if file is not None and None in image_shape[:2] else None
     outputs = _forward(image, config, include_top=include_top, pooling=pooling, classes=classes,
-                       classifier_activation=classifier_activation, include_preprocessing=include_preprocessing,
+                       classifier_activation=classifier_activation,
+                       normalization=preprocessing if include_preprocessing else None,
                        grid_size=_grid_size(image_shape, config.stride, checkpoint_size, weights_source))
     inputs = keras.utils.get_source_inputs(input_tensor) if input_tensor is not None else image
-    model = ViTModel(inputs, outputs, name=name, vit_config=config)
+    model = ViTModel(inputs, outputs, name=name, vit_config=config, preprocessing_config=preprocessing)
     if weights_source is not None:
         checkpoint_loader.load(model, weights_source)
     return model
 
 
-def _declared_resize_at(config: ViTConfig, file: CheckpointFile | None, image_shape: tuple,
-                        options: dict) -> ViTConfig:
-    """`config` whose `resize_size` (the integer a processor declares for its own size) applies only where the
-    model's images are that size: a model built at another size resizes by `crop_fraction` (timm's rule)."""
-    if file is None or config.resize_size is None or options.get("resize_size") is not None:
-        return config
+def _declared_resize_at(preprocessing: PreprocessingConfig, file: CheckpointFile | None,
+                        image_shape: tuple, resize_size_given: bool) -> PreprocessingConfig:
+    """`preprocessing` whose declared `resize_size` (the integer a processor declares for its own size) applies
+    only where the model's images are that size: a model built at another size resizes by `crop_fraction`
+    (timm's rule). A `resize_size` the user gives is kept."""
+    if file is None or preprocessing.resize_size is None or resize_size_given:
+        return preprocessing
     height, width = image_shape[:2]
     size = (height, width) if height is not None and width is not None else (file.image_size, file.image_size)
-    return config if tuple(size) == file.input_size else dataclasses.replace(config, resize_size=None)
+    return preprocessing if tuple(size) == file.input_size else dataclasses.replace(preprocessing, resize_size=None)
 
 
 def _grid_size(image_shape: tuple, stride: int, checkpoint_size: int | None, weights_source) -> tuple[int, int]:
@@ -187,12 +197,13 @@ def _grid_size(image_shape: tuple, stride: int, checkpoint_size: int | None, wei
 
 
 def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None, classes: int,
-             classifier_activation, include_preprocessing: bool, grid_size: tuple[int, int]):
-    """The ViT forward pass on a symbolic image tensor, in paper order."""
+             classifier_activation, normalization: PreprocessingConfig | None, grid_size: tuple[int, int]):
+    """The ViT forward pass on a symbolic image tensor, in paper order (`normalization`: that of [0, 255] pixels,
+    or None for a model that takes normalized input)."""
     x = image
-    if include_preprocessing:
+    if normalization is not None:
         # (x / 255 - mean) / std: the original's x / 127.5 - 1 by default.
-        scale, offset = config.pixel_normalization()
+        scale, offset = normalization.pixel_normalization()
         x = keras.layers.Rescaling(scale, offset=offset, name="preprocessing")(x)
     if config.resnet_stages:
         x = resnet.resnet_stem(x, config.resnet_stages)
@@ -349,7 +360,8 @@ Args:
         (antialiased when shrinking). Defaults to `"squash"`, `1.0`, `None`, `"bilinear"`, `"floor"`.
 
 Returns:
-    A `keras_vit.ViTModel` (a functional `keras.Model`); its `vit_config` is the `ViTConfig` it was built from.
+    A `keras_vit.ViTModel` (a functional `keras.Model`); its `vit_config` is the `ViTConfig` it was built from,
+    its `preprocessing_config` the `PreprocessingConfig` (the input options).
 """
 
 
@@ -361,7 +373,7 @@ def _make_builder(builder_name: str, variant: str) -> Callable[..., keras.Model]
                 input_shape: Sequence[int | None] | None = None, pooling: str | None = None,
                 classes: int = 1000, classifier_activation: str | Callable | None = "softmax",
                 include_preprocessing: bool = True, name: str = model_name, **options: Any) -> keras.Model:
-        variants.check_options(options, builder_name)
+        variants.check_options(options, builder_name, variants.BUILDER_OPTIONS)
         return VisionTransformer(
             variant, include_top=include_top, weights=weights, input_tensor=input_tensor, input_shape=input_shape,
             pooling=pooling, classes=classes, classifier_activation=classifier_activation,

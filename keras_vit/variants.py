@@ -85,15 +85,6 @@ class ViTConfig:
     layer_norm_epsilon: float = 1e-6
     gelu_approximate: bool = True
     activation: str = "gelu"
-    # Input: the checkpoint's preprocessing (`keras_vit.checkpoints.preprocessing`). The model's `preprocessing`
-    # layer maps [0, 255] pixels to (x / 255 - image_mean) / image_std; the exports resize and crop with the rest.
-    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    resize_mode: str = "squash"  # "squash": both sides to the resize size; "shortest_edge": the short side
-    crop_fraction: float = 1.0  # centre crop / resize size (timm's crop_pct); 1: no crop
-    resize_size: int | None = None  # the declared resize size at the model's size; None: floor(size / crop_fraction)
-    interpolation: str = "bilinear"  # of the resize, antialiased when shrinking
-    crop_offset: str = "floor"  # the crop's top-left: (resized - size) // 2 (transformers) or rounded (torchvision)
     # Regularization and memory.
     dropout_rate: float = 0.0
     attention_dropout_rate: float = 0.0
@@ -104,38 +95,15 @@ class ViTConfig:
         stages = self.resnet_stages
         if stages is not None and not isinstance(stages, tuple):
             object.__setattr__(self, "resnet_stages", tuple(stages) or None)
-        for field in ("image_mean", "image_std"):
-            values = getattr(self, field)
-            if not isinstance(values, (list, tuple)) or len(values) != 3:
-                raise ValueError(f"{field} must be 3 numbers, one per RGB channel. Received: {field}={values!r}")
-            object.__setattr__(self, field, tuple(float(value) for value in values))
         self._check()
 
     def _check(self) -> None:
-        for field, allowed in (("classifier", CLASSIFIERS), ("position_embedding", POSITION_EMBEDDINGS),
-                               ("activation", ACTIVATIONS), ("resize_mode", RESIZE_MODES),
-                               ("interpolation", INTERPOLATIONS), ("crop_offset", CROP_OFFSETS),
-                               ("position_resampling", POSITION_RESAMPLINGS)):
-            value = getattr(self, field)
-            if value not in allowed:
-                hint = (" (the model's own pooling is spelled classifier='gap'; pooling='avg' is the output "
-                        "pooling)") if (field, value) == ("classifier", "avg") else ""
-                raise ValueError(f"Unknown {field} {value!r}. Expected one of {allowed}{hint}.")
+        _check_choices(self, (("classifier", CLASSIFIERS), ("position_embedding", POSITION_EMBEDDINGS),
+                              ("activation", ACTIVATIONS), ("position_resampling", POSITION_RESAMPLINGS)))
         for field in ARCHITECTURE:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{field} must be a positive int. Received: {field}={value!r}")
-        for field in ("image_mean", "image_std"):
-            if not all(math.isfinite(value) for value in getattr(self, field)):
-                raise ValueError(f"Every {field} must be a finite number. Received: {field}={getattr(self, field)}")
-        if min(self.image_std) <= 0:
-            raise ValueError(f"Every image_std must be positive. Received: image_std={self.image_std}")
-        size = self.resize_size
-        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-            raise ValueError(f"resize_size must be a positive int (pixels) or None. Received: resize_size={size!r}")
-        if not isinstance(self.crop_fraction, (int, float)) or not 0 < self.crop_fraction <= 1:
-            raise ValueError(f"crop_fraction must be in (0, 1] (the centre crop's share of the resized image; 1: no "
-                             f"crop). Received: crop_fraction={self.crop_fraction!r}")
         if self.distillation_token and (self.classifier != "token" or self.num_register_tokens
                                         or self.no_embed_class or self.fc_norm):
             raise ValueError("distillation_token=True needs classifier='token' and no register tokens, "
@@ -154,15 +122,6 @@ class ViTConfig:
         """Tokens before the patches: class token, distillation token, registers."""
         return (self.classifier == "token") + self.distillation_token + self.num_register_tokens
 
-    def pixel_normalization(self) -> tuple[float | tuple[float, ...], float | tuple[float, ...]]:
-        """`pixel_normalization(self.image_mean, self.image_std)`."""
-        return pixel_normalization(self.image_mean, self.image_std)
-
-    @property
-    def input_fields(self) -> dict[str, Any]:
-        """The input fields (preprocessing, resize, crop)."""
-        return {name: getattr(self, name) for name in INPUT_FIELDS}
-
     def replace(self, **changes) -> ViTConfig:
         """A copy with `changes` (checked like the builders' keywords)."""
         check_options(changes)
@@ -178,9 +137,8 @@ class ViTConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (`ViTConfig.from_dict` reverses it)."""
         fields = dataclasses.asdict(self)
-        for name in ("resnet_stages", "image_mean", "image_std"):
-            if fields[name] is not None:
-                fields[name] = list(fields[name])
+        if fields["resnet_stages"] is not None:
+            fields["resnet_stages"] = list(fields["resnet_stages"])
         return fields
 
     @classmethod
@@ -205,9 +163,104 @@ class ViTConfig:
 
 
 OPTIONS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(ViTConfig))
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessingConfig:
+    """How a checkpoint's images are prepared for its model: the normalization of [0, 255] pixels that the
+    model's `preprocessing` layer applies, `(x / 255 - image_mean) / image_std`, and the resize and centre crop
+    that the exports apply to an image of another size (`keras_vit.image_io.fit_to_model`).
+
+    Read from the files beside a checkpoint (`keras_vit.checkpoints.preprocessing`: a `preprocessor_config.json`,
+    or timm's `pretrained_cfg`), or given as the builders' input keywords (`ViTB16(image_mean=...)`); carried by
+    the model (`model.preprocessing_config`) and by its `.keras` file. The forward (`ViTConfig`) never reads it:
+    timm keeps the same record in `pretrained_cfg`, outside its model's arguments.
+    """
+
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)  # on [0, 1] pixels; the original's [-1, 1] range
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    resize_mode: str = "squash"  # "squash": both sides to the resize size; "shortest_edge": the short side
+    crop_fraction: float = 1.0  # centre crop / resize size (timm's crop_pct); 1: no crop
+    resize_size: int | None = None  # the declared resize size at the model's size; None: floor(size / crop_fraction)
+    interpolation: str = "bilinear"  # of the resize, antialiased when shrinking
+    crop_offset: str = "floor"  # the crop's top-left: (resized - size) // 2 (transformers) or rounded (torchvision)
+
+    def __post_init__(self):
+        for field in ("image_mean", "image_std"):
+            values = getattr(self, field)
+            if not isinstance(values, (list, tuple)) or len(values) != 3:
+                raise ValueError(f"{field} must be 3 numbers, one per RGB channel. Received: {field}={values!r}")
+            object.__setattr__(self, field, tuple(float(value) for value in values))
+        _check_choices(self, (("resize_mode", RESIZE_MODES), ("interpolation", INTERPOLATIONS),
+                              ("crop_offset", CROP_OFFSETS)))
+        for field in ("image_mean", "image_std"):
+            if not all(math.isfinite(value) for value in getattr(self, field)):
+                raise ValueError(f"Every {field} must be a finite number. Received: {field}={getattr(self, field)}")
+        if min(self.image_std) <= 0:
+            raise ValueError(f"Every image_std must be positive. Received: image_std={self.image_std}")
+        size = self.resize_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise ValueError(f"resize_size must be a positive int (pixels) or None. Received: resize_size={size!r}")
+        if not isinstance(self.crop_fraction, (int, float)) or not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction must be in (0, 1] (the centre crop's share of the resized image; 1: no "
+                             f"crop). Received: crop_fraction={self.crop_fraction!r}")
+
+    def pixel_normalization(self) -> tuple[float | tuple[float, ...], float | tuple[float, ...]]:
+        """`pixel_normalization(self.image_mean, self.image_std)`."""
+        return pixel_normalization(self.image_mean, self.image_std)
+
+    @property
+    def resize_arguments(self) -> dict[str, Any]:
+        """The resize and crop keywords of `keras_vit.image_io.fit_to_model`."""
+        return {name: getattr(self, name) for name in RESIZE_FIELDS}
+
+    def replace(self, **changes) -> PreprocessingConfig:
+        """A copy with `changes` (checked like the builders' keywords)."""
+        check_options(changes, "PreprocessingConfig", PREPROCESSING_FIELDS)
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (`PreprocessingConfig.from_dict` reverses it)."""
+        fields = dataclasses.asdict(self)
+        fields["image_mean"], fields["image_std"] = list(self.image_mean), list(self.image_std)
+        return fields
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, Any]) -> PreprocessingConfig:
+        check_options(fields, "PreprocessingConfig", PREPROCESSING_FIELDS)
+        return cls(**fields)
+
+
+PREPROCESSING_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(PreprocessingConfig))
 # `image_io.fit_to_model`'s keywords.
 RESIZE_FIELDS = ("resize_mode", "crop_fraction", "resize_size", "interpolation", "crop_offset")
-INPUT_FIELDS = ("image_mean", "image_std", *RESIZE_FIELDS)
+# The builders' keywords: the forward's fields, then the input's.
+BUILDER_OPTIONS: tuple[str, ...] = (*OPTIONS, *PREPROCESSING_FIELDS)
+
+
+def _check_choices(config, choices) -> None:
+    """Raises ValueError for a field of `config` whose value is not among its allowed ones."""
+    for field, allowed in choices:
+        value = getattr(config, field)
+        if value not in allowed:
+            hint = (" (the model's own pooling is spelled classifier='gap'; pooling='avg' is the output "
+                    "pooling)") if (field, value) == ("classifier", "avg") else ""
+            raise ValueError(f"Unknown {field} {value!r}. Expected one of {allowed}{hint}.")
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The builders' keywords split into the forward's (`ViTConfig`) and the input's (`PreprocessingConfig`)."""
+    return ({name: value for name, value in options.items() if name not in PREPROCESSING_FIELDS},
+            {name: value for name, value in options.items() if name in PREPROCESSING_FIELDS})
+
+
+def make_preprocessing(declared: Mapping[str, Any] | None = None,
+                       options: Mapping[str, Any] | None = None) -> PreprocessingConfig:
+    """The preprocessing of a model: what a checkpoint's files declare (`declared`), then the user's input
+    keywords (`options`; a `None` value means "not given")."""
+    given = {name: value for name, value in (options or {}).items() if value is not None}
+    check_options(given, "PreprocessingConfig", PREPROCESSING_FIELDS)
+    return PreprocessingConfig(**{**(declared or {}), **given})
 
 
 def pixel_normalization(image_mean, image_std) -> tuple[float | tuple[float, ...], float | tuple[float, ...]]:
@@ -218,15 +271,20 @@ def pixel_normalization(image_mean, image_std) -> tuple[float | tuple[float, ...
     return tuple(values[0] if len(set(values)) == 1 else values for values in (scale, offset))
 
 
-def check_options(options: Mapping[str, Any], where: str = "ViTConfig") -> None:
-    """Raises TypeError for a name that is not a `ViTConfig` field, naming the closest one and every valid name."""
-    unknown = [name for name in options if name not in OPTIONS]
+def check_options(options: Mapping[str, Any], where: str = "ViTConfig", valid: tuple[str, ...] = OPTIONS) -> None:
+    """Raises TypeError for a name not in `valid` (default: the `ViTConfig` fields), naming the closest one and
+    every valid name (and, for an input field given to `ViTConfig`, where it belongs)."""
+    unknown = [name for name in options if name not in valid]
     if not unknown:
         return
     name = unknown[0]
-    close = difflib.get_close_matches(name, OPTIONS, n=1)
+    if name in PREPROCESSING_FIELDS:
+        raise TypeError(f"{where} got {name!r}, a field of the model's preprocessing, not of its forward: it is in "
+                        "keras_vit.PreprocessingConfig (`model.preprocessing_config`), and the builders take it as "
+                        f"a keyword (e.g. VisionTransformer({name}=...)).")
+    close = difflib.get_close_matches(name, valid, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise TypeError(f"{where} got an unknown option {name!r}.{hint} Valid options: {', '.join(OPTIONS)}.")
+    raise TypeError(f"{where} got an unknown option {name!r}.{hint} Valid options: {', '.join(valid)}.")
 
 
 def make_config(variant: str | None = None, checkpoint: Mapping[str, Any] | None = None,

@@ -19,7 +19,7 @@ from keras_vit import _keras_internals, kernels
 from keras_vit import layers as vit_layers
 from keras_vit import resnet
 from keras_vit.head_rows import head_rows_model
-from keras_vit.variants import ViTConfig
+from keras_vit.variants import PREPROCESSING_FIELDS, PreprocessingConfig, ViTConfig
 
 
 LORA_NAMES = ("query", "key", "value", "attention_output", "Dense_0", "Dense_1")
@@ -66,22 +66,29 @@ class ViTModel(CpuKernelSteps, keras.Model):
     `keras.Model` the wrapper is just as correct, on the portable ops.
     """
 
-    def __init__(self, *args, vit_config: ViTConfig | None = None, **kwargs):
+    def __init__(self, *args, vit_config: ViTConfig | None = None,
+                 preprocessing_config: PreprocessingConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.vit_config = vit_config
+        self.preprocessing_config = preprocessing_config
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         if self.vit_config is not None:
             config["vit_config"] = self.vit_config.to_dict()
+        if self.preprocessing_config is not None:
+            config["preprocessing_config"] = self.preprocessing_config.to_dict()
         return config
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects=None) -> ViTModel:
         config = dict(config)
-        fields = config.pop("vit_config", None)  # absent in models saved by 0.2 and earlier
+        forward, preprocessing = _split_saved_configs(config.pop("vit_config", None),
+                                                      config.pop("preprocessing_config", None))
         model = super().from_config(config, custom_objects=custom_objects)
-        model.vit_config = ViTConfig.from_dict(fields) if fields is not None else None
+        model.vit_config = ViTConfig.from_dict(forward) if forward is not None else None
+        model.preprocessing_config = PreprocessingConfig.from_dict(preprocessing) if preprocessing is not None \
+            else None
         return model
 
     def make_predict_function(self, force=False):
@@ -212,6 +219,16 @@ FLOAT_LAYERS = frozenset(_unquantizable(vit_layers) | _unquantizable(resnet) | {
                                  keras.layers.MaxPooling2D)})
 # Keras' warning for each of them (keras.Model.quantize).
 _FLOAT_LAYER_NOTICE = rf"Layer ({'|'.join(sorted(FLOAT_LAYERS))}) does not have a `quantize` method implemented"
+
+
+def _split_saved_configs(forward: dict | None, preprocessing: dict | None) -> tuple[dict | None, dict | None]:
+    """The saved `vit_config` and `preprocessing_config` of a `.keras` file. Files of 0.1 have neither; those of 0.2
+    keep the input fields (`PREPROCESSING_FIELDS`) in `vit_config`: they move to the preprocessing."""
+    if forward is None or preprocessing is not None:
+        return forward, preprocessing
+    inputs = {name: forward[name] for name in PREPROCESSING_FIELDS if name in forward}
+    forward = {name: value for name, value in forward.items() if name not in PREPROCESSING_FIELDS}
+    return forward, (inputs or None)
 
 
 def _stateless_predict(model: keras.Model, twin: keras.Model, state, data):

@@ -92,8 +92,38 @@ def test_transformer_block_takes_its_fields_from_the_config():
 def test_model_config_round_trips_with_the_model_and_old_configs_load(tmp_path):
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), classes=10, qk_norm=True)
     assert model.vit_config.qk_norm and model.get_config()["vit_config"]["qk_norm"] is True
-    old = {key: value for key, value in model.get_config().items() if key != "vit_config"}  # as 0.2 saved it
+    old = {key: value for key, value in model.get_config().items()
+           if key not in ("vit_config", "preprocessing_config")}  # as 0.1 saved it
     assert models.ViTModel.from_config(old).vit_config is None
+    assert models.ViTModel.from_config(old).preprocessing_config is None
+
+
+def test_preprocessing_is_its_own_record_carried_by_the_model_and_its_file():
+    """The input fields are `PreprocessingConfig`'s, not the forward's: the builders take them as keywords, the
+    model carries both records, `get_config` writes both, and a 0.2 config (input fields inside `vit_config`) is
+    split when it loads."""
+    assert len(variants.OPTIONS) == 25 and not set(variants.OPTIONS) & set(variants.PREPROCESSING_FIELDS)
+    model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), classes=10, image_mean=(0.4, 0.5, 0.6),
+                                        crop_fraction=0.875, interpolation="bicubic")
+    expected = keras_vit.PreprocessingConfig(image_mean=(0.4, 0.5, 0.6), crop_fraction=0.875, interpolation="bicubic")
+    assert model.preprocessing_config == expected and model.vit_config == keras_vit.ViTConfig(**TINY_VIT)
+    assert keras_vit.PreprocessingConfig.from_dict(json.loads(json.dumps(expected.to_dict()))) == expected
+    assert expected.resize_arguments == dict(resize_mode="squash", crop_fraction=0.875, resize_size=None,
+                                             interpolation="bicubic", crop_offset="floor")
+    saved = model.get_config()
+    assert saved["preprocessing_config"]["crop_fraction"] == 0.875 and "crop_fraction" not in saved["vit_config"]
+    as_0_2 = {key: value for key, value in saved.items() if key != "preprocessing_config"}
+    as_0_2["vit_config"] = {**saved["vit_config"], **saved["preprocessing_config"]}
+    loaded = models.ViTModel.from_config(as_0_2)
+    assert (loaded.vit_config, loaded.preprocessing_config) == (model.vit_config, expected)
+    with pytest.raises(TypeError, match="got 'image_mean', a field of the model's preprocessing, not of its forward: "
+                                        "it is in keras_vit.PreprocessingConfig"):
+        model.vit_config.replace(image_mean=(0.5, 0.5, 0.5))
+    with pytest.raises(TypeError, match="PreprocessingConfig got an unknown option 'crop_fractoin'. Did you mean "
+                                        "'crop_fraction'?"):
+        expected.replace(crop_fractoin=0.9)
+    with pytest.raises(TypeError, match="ViTB16 got an unknown option 'image_meen'. Did you mean 'image_mean'?"):
+        keras_vit.ViTB16(weights=None, image_meen=(0.5, 0.5, 0.5))
 
 
 def _counting(monkeypatch, module, name, counts):
@@ -164,10 +194,10 @@ def test_keras_vit_inspect_is_the_renamed_inspection_module_with_a_warning():
 
 
 def test_every_config_field_is_documented_in_the_builders_docstring_and_docs_models():
-    """A new `ViTConfig` field needs its line in `models.BASE_DOCSTRING` (every builder's `help`) and in
-    docs/models.md (the checklist in docs/architecture.md)."""
+    """A new `ViTConfig` or `PreprocessingConfig` field needs its line in `models.BASE_DOCSTRING` (every builder's
+    `help`) and in docs/models.md (the checklist in docs/architecture.md)."""
     with open(os.path.join(REPO, "docs", "models.md"), encoding="utf-8") as file:
         page = file.read()
     docstring = models.BASE_DOCSTRING
-    assert [name for name in variants.OPTIONS if not re.search(rf"\b{name}\b", docstring)] == []
-    assert [name for name in variants.OPTIONS if f"`{name}" not in page and f"{name}=" not in page] == []
+    assert [name for name in variants.BUILDER_OPTIONS if not re.search(rf"\b{name}\b", docstring)] == []
+    assert [name for name in variants.BUILDER_OPTIONS if f"`{name}" not in page and f"{name}=" not in page] == []

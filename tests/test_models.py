@@ -338,8 +338,8 @@ def test_files_written_by_keras_vit_0_1_0_load_unchanged():
 @pytest.mark.slow
 def test_a_keras_file_written_by_keras_vit_0_2_0_loads_and_predicts_the_same():
     """tests/data/vit_0_2_0.keras (`tests/data/make_keras_0_2_0.py`, written by 0.2.0 before `ViTModel` moved to
-    `keras_vit.vit_model` and `ViTConfig` gained `resize_size`): it loads as a `ViTModel` with its config, the new
-    field at its default, and predicts what 0.2.0 did."""
+    `keras_vit.vit_model`, the input fields moved from `ViTConfig` to `PreprocessingConfig` and `resize_size` was
+    added): it loads as a `ViTModel` with both configs, the new field at its default, and predicts what 0.2.0 did."""
     data = Path(__file__).parent / "data"
     io = np.load(data / "vit_0_2_0_io.npz")
     with zipfile.ZipFile(data / "vit_0_2_0.keras") as archive:
@@ -348,9 +348,10 @@ def test_a_keras_file_written_by_keras_vit_0_2_0_loads_and_predicts_the_same():
         pytest.skip(f"written by Keras {written_by}, whose configs Keras {keras.__version__} cannot read")
     loaded = keras.saving.load_model(data / "vit_0_2_0.keras")
     assert isinstance(loaded, keras_vit.ViTModel)
-    config = loaded.vit_config
-    assert (config.resize_size, config.crop_fraction, config.resize_mode, config.position_resampling) == (
-        None, 0.56, "shortest_edge", "bicubic")
+    config, preprocessing = loaded.vit_config, loaded.preprocessing_config
+    assert config.position_resampling == "bicubic" and not hasattr(config, "crop_fraction")
+    assert (preprocessing.resize_size, preprocessing.crop_fraction, preprocessing.resize_mode) == (
+        None, 0.56, "shortest_edge")
     np.testing.assert_allclose(loaded.predict(io["images"], verbose=0), io["embeddings"], rtol=0, atol=1e-5)
 
 

@@ -98,16 +98,17 @@ PUBLIC_NAMES = [
     "features_model", "head_rows", "head_rows_model", "imagenet", "kernels", "layers", "list_weights", "load_weights",
     "masked", "masked_patch_loss", "masked_patch_model", "models", "patch_targets", "preprocess_input", "read_npz",
     "resample_position_embedding", "resnet", "transfer_encoder_weights", "variants", "vit_model"]
+ADDED_IN_0_3 = ["PreprocessingConfig"]
 
 
 def test_the_public_names_are_those_of_0_2_and_each_is_what_its_module_defines():
     import keras_vit
     from keras_vit import checkpoints, layers, models, vit_model
-    assert keras_vit.__all__ == sorted(PUBLIC_NAMES)
+    assert keras_vit.__all__ == sorted(PUBLIC_NAMES + ADDED_IN_0_3)
     namespace = {}
     exec("from keras_vit import *", namespace)
-    assert sorted(set(namespace) - {"__builtins__"}) == sorted(PUBLIC_NAMES)
-    assert set(PUBLIC_NAMES) | {"__version__"} <= set(dir(keras_vit))
+    assert sorted(set(namespace) - {"__builtins__"}) == sorted(PUBLIC_NAMES + ADDED_IN_0_3)
+    assert set(PUBLIC_NAMES + ADDED_IN_0_3) | {"__version__"} <= set(dir(keras_vit))
     assert keras_vit.load_weights is checkpoints.loader.load and keras_vit.layers is layers
     assert keras_vit.ViTB16 is models.ViTB16 and keras_vit.ViTModel is vit_model.ViTModel
     assert keras_vit.PatchEncoder is keras_vit.layers.PatchEncoder

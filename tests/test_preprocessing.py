@@ -102,9 +102,9 @@ def test_timm_pretrained_cfg_is_read_and_the_processor_file_wins_over_it(tmp_pat
 def test_no_declared_preprocessing_keeps_the_original_normalization(tmp_path):
     model = build(save_pretrained(tmp_path / "bare"))
     assert read_checkpoint(tmp_path / "bare").preprocessing is None
-    assert model.vit_config.input_fields == dict(image_mean=(0.5,) * 3, image_std=(0.5,) * 3, resize_mode="squash",
-                                                 crop_fraction=1.0, resize_size=None, interpolation="bilinear",
-                                                 crop_offset="floor")
+    assert model.preprocessing_config == keras_vit.PreprocessingConfig(
+        image_mean=(0.5,) * 3, image_std=(0.5,) * 3, resize_mode="squash", crop_fraction=1.0, resize_size=None,
+        interpolation="bilinear", crop_offset="floor")
     layer = model.get_layer("preprocessing")
     assert (layer.scale, layer.offset) == (1 / 127.5, -1.0)  # the original's x / 127.5 - 1, as before
 
@@ -144,7 +144,7 @@ def test_an_unknown_processor_does_not_block_the_weights(tmp_path):
                                          r"include_preprocessing=False.*image_mean=\(0.5, 0.5, 0.5\)"):
         build(folder)
     given = build(folder, image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD)
-    assert given.vit_config.image_mean == tuple(IMAGENET_MEAN)
+    assert given.preprocessing_config.image_mean == tuple(IMAGENET_MEAN)
 
 
 def test_bad_timm_configs_are_clear_errors(tmp_path):
@@ -166,11 +166,12 @@ def test_the_model_normalizes_with_the_checkpoints_mean_and_std(tmp_path):
     folder = save_pretrained(tmp_path / "dinov2", PROCESSORS["facebook/dinov2-base"][0])
     pixels = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
     model = build(folder)
-    assert model.vit_config.image_mean == tuple(IMAGENET_MEAN) and model.vit_config.crop_fraction == 0.875
+    assert model.preprocessing_config.image_mean == tuple(IMAGENET_MEAN)
+    assert model.preprocessing_config.crop_fraction == 0.875
     normalized = (pixels / 255.0 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
     inner = keras.Model(model.input, model.get_layer("preprocessing").output)
     np.testing.assert_allclose(np.asarray(inner(pixels)), normalized, rtol=0, atol=2e-6)
-    np.testing.assert_allclose(np.asarray(keras_vit.preprocess_input(pixels, model.vit_config)), normalized,
+    np.testing.assert_allclose(np.asarray(keras_vit.preprocess_input(pixels, model.preprocessing_config)), normalized,
                                rtol=0, atol=2e-6)
     unnormalized = build(folder, include_preprocessing=False)
     np.testing.assert_allclose(np.asarray(model(pixels)), np.asarray(unnormalized(normalized.astype("float32"))),
@@ -179,7 +180,10 @@ def test_the_model_normalizes_with_the_checkpoints_mean_and_std(tmp_path):
     model.save(path)
     reloaded = keras.saving.load_model(path)
     assert reloaded.vit_config == model.vit_config
+    assert reloaded.preprocessing_config == model.preprocessing_config
     np.testing.assert_array_equal(np.asarray(reloaded(pixels)), np.asarray(model(pixels)))
+    with pytest.raises(TypeError, match="takes a model's `preprocessing_config`.*Received: ViTConfig"):
+        keras_vit.preprocess_input(pixels, model.vit_config)
 
 
 def test_a_choice_against_the_file_is_used_and_said_in_one_line(tmp_path):
@@ -190,7 +194,8 @@ def test_a_choice_against_the_file_is_used_and_said_in_one_line(tmp_path):
     assert len(messages) == 1 and "\n" not in messages[0]
     assert messages[0].startswith("keras_vit: image_mean=(0.5, 0.5, 0.5) overrides the checkpoint's image_mean="
                                   "(0.48145466, 0.4578275, 0.40821073) (")
-    assert model.vit_config.image_mean == (0.5, 0.5, 0.5) and model.vit_config.image_std == tuple(CLIP_STD)
+    assert model.preprocessing_config.image_mean == (0.5, 0.5, 0.5)
+    assert model.preprocessing_config.image_std == tuple(CLIP_STD)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         build(folder, image_std=CLIP_STD)  # the file's own value: no warning
@@ -284,7 +289,7 @@ def test_saved_model_bytes_signature_serves_the_checkpoints_transform(tmp_path):
     processor = {**PROCESSORS["facebook/dinov2-base"][0], "size": {"shortest_edge": 36},
                  "crop_size": {"height": 32, "width": 32}}
     model = build(save_pretrained(tmp_path / "dinov2", processor))
-    assert model.vit_config.crop_fraction == 32 / 36
+    assert model.preprocessing_config.crop_fraction == 32 / 36
     path = saved_model.export_saved_model(model, tmp_path / "served", version=1)
     metadata = saved_model.read_metadata(path)
     assert metadata["preprocessing"]["image_mean"] == IMAGENET_MEAN

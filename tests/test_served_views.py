@@ -104,8 +104,8 @@ def jpegs(count=2):
     return [tf.io.encode_jpeg(crop, quality=95).numpy() for crop in crops]
 
 
-def fitted(encoded, fields):
-    transform = model_io.resize_transform(fields)
+def fitted(encoded, preprocessing):
+    transform = preprocessing.resize_arguments
     return np.concatenate([image_io.fit_to_model(image_io.decode_rgb(data)[None], (32, 32), **transform).numpy()
                            for data in encoded])
 
@@ -124,7 +124,7 @@ def test_signatures_embed_features_explain_through_the_tf1_loader(tmp_path):
     for name in ("serving_default", "serving_bytes", "embed", "features", "explain"):
         assert f'"{name}"' in shown, shown
     server, encoded = TF1Server(path), jpegs()
-    images = fitted(encoded, model.vit_config.input_fields)
+    images = fitted(encoded, model.preprocessing_config)
     request = {"image_bytes": np.array(encoded)}
 
     embedded = server.predict("embed", request)["embedding"]
@@ -159,7 +159,7 @@ def test_a_tower_serves_its_embedding_and_a_zero_shot_head_serves_classes(tmp_pa
     server, encoded = TF1Server(path), jpegs()
     served = server.predict("serving_bytes", {"image_bytes": np.array(encoded)})
     expected = as_numpy(features.embedding_model(tower, l2_normalize=True)(fitted(encoded,
-                                                                                  tower.vit_config.input_fields)))
+                                                                                  tower.preprocessing_config)))
     np.testing.assert_allclose(served["embedding"], expected["embedding"], rtol=0, atol=1e-5)
 
     classes = np.random.default_rng(1).normal(size=(3, 48)).astype("float32")

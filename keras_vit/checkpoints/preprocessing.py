@@ -50,7 +50,7 @@ class Declared:
     """What the files beside a checkpoint declare about its input.
 
     Attributes:
-        fields: the `ViTConfig` input fields (`variants.INPUT_FIELDS`).
+        fields: the `PreprocessingConfig` fields (`variants.PREPROCESSING_FIELDS`).
         source: the file they were read from.
         image_size: (height, width) of the images the transform produces, the checkpoint's own input size: a
             processor's crop (or its fixed resize), timm's `input_size`; None where the output size varies (a

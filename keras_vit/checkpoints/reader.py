@@ -33,7 +33,7 @@ class CheckpointFile:
             or None.
         timm_config: what timm's `config.json` beside the file states of the architecture (`num_heads`, from its
             `model_args` or its entry point's name; the widths and depth `model_args` set), or None.
-        preprocessing: the `ViTConfig` input fields (mean, std, resize, crop, interpolation) that a
+        preprocessing: the `PreprocessingConfig` fields (mean, std, resize, crop, interpolation) that a
             `preprocessor_config.json` or timm `config.json` beside the file declares, or None.
         preprocessing_source: the file `preprocessing` was read from, or None.
         preprocessing_problem: why the declared preprocessing could not be read (an unknown processor, a value
@@ -111,14 +111,15 @@ class CheckpointFile:
         return read_architecture(self.shapes, num_heads=num_heads, heads_stored=self.layout is None)
 
     def config_fields(self, num_heads: int | None = None) -> dict[str, Any]:
-        """The `ViTConfig` fields the file gives: architecture, classifier, family options and numerics."""
+        """The `ViTConfig` fields the file gives: architecture, classifier, family options and numerics (its
+        declared input is `preprocessing`)."""
         if self.layout == KERAS_WEIGHTS:
             return {}
         found = self.architecture(num_heads)
         architecture = {name: found[name] for name in (*variants.ARCHITECTURE, "resnet_stages")}
         resampling = (self.position_resampling or (None,))[0]
         return {**self.default_numerics, **self.fixed, **architecture, "classifier": found["classifier"],
-                **found["options"], **(self.preprocessing or {}),
+                **found["options"],
                 **({"position_resampling": resampling} if resampling else {})}
 
     @property
