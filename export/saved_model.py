@@ -122,7 +122,7 @@ def warmup_requests(size: tuple[int, int], model_name: str) -> list[tuple[str, s
 # tensorflow-serving-api (which pins its own TensorFlow release). Field numbers from
 # tensorflow_serving/apis: PredictionLog.predict_log = 6, PredictLog.request = 1,
 # PredictRequest.model_spec = 1 and .inputs = 2 (map<string, TensorProto>: key = 1, value = 2),
-# ModelSpec.name = 1 and .signature_name = 3. tests/test_export.py parses it with the real protos.
+# ModelSpec.name = 1 and .signature_name = 3. tests/export/test_export.py parses it with the real protos.
 
 def _varint(value: int) -> bytes:
     out = bytearray()

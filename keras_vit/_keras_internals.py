@@ -2,7 +2,7 @@
 
 Keras has no public API for these, and a release may move or change them. Where one is missing or is not what
 this module expects, keras_vit does what Keras itself does: the guard hands the call back to Keras unchanged; it
-never raises. `tests/test_models.py` forces that fallback.
+never raises. `tests/models/test_models.py` forces that fallback.
 """
 
 from __future__ import annotations

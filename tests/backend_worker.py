@@ -2,7 +2,7 @@
 
     KERAS_BACKEND=jax python -m tests.backend_worker WORKDIR
 
-Reads the checkpoints and images that `tests/test_backends.py` wrote to WORKDIR, writes the
+Reads the checkpoints and images that `tests/models/test_backends.py` wrote to WORKDIR, writes the
 logits of keras_vit's models, attention scores and rollout (`logits.npz`) and what it checked
 (`report.json`): whether TensorFlow was imported, `.keras` and `.weights.h5` round trips of a whole
 model, a digits few-shot accuracy, and the losses of a few `fit` steps.

@@ -4,6 +4,7 @@ Hugging Face `.safetensors` layouts. The NumPy reference forward pass is tests/r
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -14,6 +15,9 @@ import keras
 import numpy as np
 import pytest
 
+import keras_vit
+from tests.reference import gelu_tanh, released_names, vit_logits
+
 # Tiny configurations that run in seconds on a CPU.
 TINY_VIT = dict(patch_size=8, hidden_dim=48, mlp_dim=96, num_heads=3, num_layers=2)
 # ResNet root /4 and stage 2 /2: stride 8 (a 4x4 grid at 32 px), 256 -> 512 channels.
@@ -21,7 +25,8 @@ TINY_HYBRID = dict(TINY_VIT, patch_size=1, num_layers=1, resnet_stages=(1, 1))
 # The smaller encoder of the training runs (16 px images: a 2x2 grid), as `training/` overrides.
 TRAIN_VIT = dict(patch_size=8, hidden_dim=16, mlp_dim=32, num_heads=2, num_layers=1)
 TRAIN_VIT_OVERRIDES = ["variant=", *(f"{key}={value}" for key, value in TRAIN_VIT.items())]
-# A tiny digits run (tests/test_training.py, tests/test_training_runs.py): 2 epochs of 3 steps at 16 pixels.
+# A tiny digits run (tests/training/test_training.py, tests/training/test_training_runs.py): 2 epochs of 3 steps at
+# 16 pixels.
 TRAIN_TINY = [*TRAIN_VIT_OVERRIDES, "image_size=16", "batch_size=16", "epochs=2", "steps_per_epoch=3",
               "warmup_steps=2", "validate=false", "shuffle_buffer=64"]
 
@@ -490,3 +495,119 @@ def hugging_face_family_state_dict(released: dict[str, np.ndarray], model: str) 
             state["distillation_classifier.weight"] = a["head_dist/kernel"].T
             state["distillation_classifier.bias"] = a["head_dist/bias"]
     return {key: value.astype("float32") for key, value in state.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# The family harness: `run_model_test(Family(...), tmp_path)` (the rows: tests/models/test_model_families.py)
+# ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A model family: builder arguments, the checkpoint it loads, and the reference's numerics.
+
+    `checkpoint`: `vit_checkpoint` arguments of an `.npz` file in the original layout, loaded through
+    `weights=`; None for the family options, which the original layout lacks: the `.npz` file holds a random
+    model's weights under the reference's own names (`released_names`)."""
+    config: dict
+    input_shape: tuple = (32, 32, 3)
+    checkpoint: dict | None = dataclasses.field(default_factory=dict)
+    eps: float = 1e-6
+    gelu: object = gelu_tanh
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        if self.checkpoint is None:  # a model's random weights under the reference's own names
+            source = build(self)
+            randomize(source, seed=1, scale=0.3)
+            return {key: value.astype("float32") for key, value in released_names(source).items()}
+        return vit_checkpoint(self.config, classes=10, **{"grid": 4, "seed": 1, **self.checkpoint})
+
+    def reference(self, arrays, images) -> np.ndarray:
+        grid = None if self.checkpoint is None else (self.checkpoint.get("grid", 4),) * 2  # None: the model's own
+        return vit_logits(arrays, images, resnet_stages=self.config.get("resnet_stages"), posemb_grid=grid,
+                          eps=self.eps, gelu=self.gelu, no_embed_class=self.config.get("no_embed_class", False))
+
+
+
+ATOL = 1e-4  # float32 model vs float64 reference, logits of order 1
+
+
+def images(shape, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0, 255, size=(3, *shape)).astype("float32")
+
+
+def build(family: Family, weights: str | None = None) -> keras.Model:
+    return keras_vit.VisionTransformer(**family.config, input_shape=family.input_shape, classes=10,
+                                       classifier_activation=None, weights=weights)
+
+
+def unbuilt_layers(model: keras.Model) -> list[str]:
+    return [layer.path for layer in model._flatten_layers(include_self=False, recursive=True) if not layer.built]
+
+
+def outputs(model: keras.Model, x: np.ndarray) -> np.ndarray:
+    return np.asarray(model(x, training=False))
+
+
+def run_model_test(family: Family, tmp_path) -> tuple[keras.Model, np.ndarray]:
+    """The checks every family passes; returns the loaded model and its logits on `images`."""
+    arrays = family.arrays()
+    model = build(family, weights=save_checkpoint(tmp_path / "checkpoint.npz", arrays))
+    assert unbuilt_layers(model) == []
+    assert model.output_shape == (None, 10)
+    x = images(family.input_shape)
+    logits = outputs(model, x)
+    np.testing.assert_allclose(logits, family.reference(arrays, x), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(model.predict(x, verbose=0), logits, atol=1e-5, rtol=0)
+
+    assert model.vit_config == keras_vit.ViTConfig(**{**dict(model.vit_config), **family.config})
+    from_config = keras_vit.models.ViTModel.from_config(model.get_config())
+    assert from_config.vit_config == model.vit_config
+    assert unbuilt_layers(from_config) == []
+    from_config.set_weights(model.get_weights())
+    np.testing.assert_array_equal(outputs(from_config, x), logits)
+
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras")  # safe mode, no custom_objects
+    np.testing.assert_array_equal(outputs(loaded, x), logits)
+    assert (loaded.vit_config, loaded.preprocessing_config) == (model.vit_config, model.preprocessing_config)
+    assert [w.path for w in loaded.weights] == [w.path for w in model.weights]
+
+    model.save_weights(tmp_path / "model.weights.h5")
+    rebuilt = build(family)
+    rebuilt.load_weights(tmp_path / "model.weights.h5")
+    np.testing.assert_array_equal(outputs(rebuilt, x), logits)
+    return model, logits
+
+
+# ---------------------------------------------------------------------------------------
+# The export harness: tiny classifiers, and a SavedModel loaded as TF Serving loads it
+# ---------------------------------------------------------------------------------------
+
+TINY_CLASSIFIERS = {kind: dict(config, input_shape=(32, 32, 3), classes=10, weights=None)
+                    for kind, config in (("plain", TINY_VIT), ("hybrid", TINY_HYBRID))}
+
+
+def tiny_model(kind: str, seed: int = 0, **overrides) -> keras.Model:
+    """A tiny classifier of `TINY_CLASSIFIERS` with random, non-trivial weights (the head is zeros at init)."""
+    model = keras_vit.VisionTransformer(**{**TINY_CLASSIFIERS[kind], **overrides}, name=f"tiny_{kind}")
+    randomize(model, seed, scale=0.3)
+    return model
+
+
+class TF1Server:
+    """Loads a SavedModel with the TF1 loader under tag `serve`, as TF Serving's C++ loader does."""
+
+    def __init__(self, path):
+        import tensorflow as tf
+
+        self.graph = tf.Graph()
+        self.session = tf.compat.v1.Session(graph=self.graph)
+        with self.graph.as_default():
+            meta_graph = tf.compat.v1.saved_model.loader.load(self.session, ["serve"], str(path))
+        self.signatures = meta_graph.signature_def
+
+    def predict(self, signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        signature_def = self.signatures[signature]
+        feed = {signature_def.inputs[key].name: value for key, value in inputs.items()}
+        fetch = {key: info.name for key, info in signature_def.outputs.items()}
+        return self.session.run(fetch, feed_dict=feed)

@@ -17,5 +17,5 @@ Into a model:
 
 The one converter for every format, `keras_vit.convert`, builds models, so it sits above them, outside
 this package. The dependencies run one way: convert -> models -> loader -> layout code. `lint-imports`
-(`.importlinter`, run by tests/test_architecture.py) checks it.
+(`.importlinter`, run by tests/project/test_architecture.py) checks it.
 """

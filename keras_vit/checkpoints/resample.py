@@ -23,10 +23,11 @@ Three methods, each separable (one 1-D resampling per axis):
 
 Precision: `resize_axis` computes in float64 for a float64 input, else with float32 weights (a model's run-time
 fit). The loader's `resize_grid` computes in float64 where the Keras backend has it (TensorFlow, PyTorch; JAX with
-`jax_enable_x64`) and rounds once to the table's dtype: against torch 2.13 `F.interpolate` (tests/test_resample.py)
-float64 grids agree to 1e-14, and float32 grids give the exact resize rounded to float32, while torch's own float32
-run is up to ~4e-6 off it on unit-variance grids (its interpolation weights are computed in float32). On JAX
-without x64 the loader computes in float32, as timm and transformers do.
+`jax_enable_x64`) and rounds once to the table's dtype: against torch 2.13 `F.interpolate`
+(tests/checkpoints/test_resample.py) float64 grids agree to 1e-14, and float32 grids give the exact resize
+rounded to float32, while torch's own float32 run is up to ~4e-6 off it on unit-variance grids (its
+interpolation weights are computed in float32). On JAX without x64 the loader computes in float32, as timm and
+transformers do.
 """
 
 from __future__ import annotations

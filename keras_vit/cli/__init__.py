@@ -12,7 +12,7 @@
 (`common.add_model_arguments`). Nothing here is imported by `import keras_vit`.
 
 Each command's `--help` is instant and works on the base install (`pip install keras_vit`, no backend): `import
-keras_vit` imports no Keras, and the parsers import nothing heavy (tests/test_cli.py checks that no Keras,
+keras_vit` imports no Keras, and the parsers import nothing heavy (tests/tools/test_cli.py checks that no Keras,
 TensorFlow or JAX is imported). `main` first calls `require(command, extra)`, which ends the run with one line
 naming the extra to install when a distribution of that extra (as the installed package declares it) or a Keras
 backend is missing, instead of an ImportError traceback. Bad input (a ValueError or OSError: an unknown variant, a

@@ -76,7 +76,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    cli.require("keras-vit-train", "training")  # spelled out: tests/test_dependencies.py reads this call
+    cli.require("keras-vit-train", "training")  # spelled out: tests/project/test_dependencies.py reads this call
     import keras
 
     from keras_vit.training import configs, distribute, multihost, resume, trainer

@@ -1,0 +1,180 @@
+"""Checkpoints exactly as their files say, against the libraries that wrote them: the sweep.
+
+tests/data/families/ holds small random checkpoints of each family saved by transformers and timm themselves, none
+at 224 px, each with a processor away from its defaults, and what those libraries compute from them
+(`tests/data/make_family_files.py` made them; no torch is needed here). With no size given anywhere, each is built,
+exported as a SavedModel and converted to LiteRT at its own size with its own transform, and agrees with its source
+library: on the processor's pixels, from the JPEG's bytes, and at two other sizes (each model class's position-table
+resize)."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+import keras_vit
+from keras_vit import model_files
+from keras_vit.features import features_model
+from keras_vit.checkpoints.reader import read_checkpoint
+from tests.data.make_family_files import FOLDER, PHOTO, random_inputs
+
+CASES = sorted(name for name in os.listdir(FOLDER) if os.path.isdir(os.path.join(FOLDER, name)))
+TOLERANCE = 1e-4  # 1 - cosine, and max |difference| relative to the largest output
+
+
+def case(name: str) -> tuple[str, dict, dict]:
+    folder = os.path.join(FOLDER, name)
+    with open(os.path.join(folder, "meta.json"), encoding="utf-8") as file:
+        meta = json.load(file)
+    with np.load(os.path.join(folder, "reference.npz")) as reference:
+        return folder, meta, dict(reference)
+
+
+def agreement(ours, theirs) -> tuple[float, float]:
+    """(1 - cosine, max |difference| / max |theirs|) of two outputs, flattened."""
+    ours, theirs = np.ravel(ours).astype(np.float64), np.ravel(theirs).astype(np.float64)
+    cosine = ours @ theirs / (np.linalg.norm(ours) * np.linalg.norm(theirs))
+    return 1 - cosine, np.abs(ours - theirs).max() / np.abs(theirs).max()
+
+
+def assert_agrees(ours, theirs, what: str, resized_here: bool = False) -> None:
+    """Within `TOLERANCE` in both measures; in 1 - cosine alone where keras_vit resized the image itself
+    (`resized_here`: its float resize against PIL's, which rounds to uint8, moves single values by ~1e-3)."""
+    distance, difference = agreement(ours, theirs)
+    assert distance < TOLERANCE and (resized_here or difference < TOLERANCE), \
+        f"{what}: 1 - cos {distance:.2e}, max diff {difference:.2e}"
+
+
+def build(folder: str, **kwargs):
+    """The file's model with its logits (a head) or pooled embedding (a tower), as the command lines build it."""
+    file = read_checkpoint(folder)
+    top = dict(include_top=False, pooling=file.pooling) if file.head_classes is None else dict(
+        classes=file.head_classes, classifier_activation=None)
+    return keras_vit.VisionTransformer(weights=folder, **top, **kwargs)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_built_at_the_files_own_size_with_its_own_transform(name):
+    folder, meta, reference = case(name)
+    model = build(folder)
+    assert tuple(model.input_shape[1:3]) == tuple(meta["native_size"]) == reference["pixels"].shape[1:3]
+    assert_agrees(model.predict_on_batch(reference["pixels"].astype("float32")), reference["output"], name)
+    tool_model = model_files.load_or_build(weights=folder)  # what keras-vit-export and keras-vit-tflite build
+    assert tuple(tool_model.input_shape[1:3]) == tuple(meta["native_size"])
+
+
+def patch_tokens(model) -> keras.Model:
+    """The model's patch tokens after its final norm."""
+    return features_model(model, [-1], output="tokens", norm=True)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_position_table_resized_as_the_model_class_does(name):
+    """At two other sizes, the outputs and the patch tokens (which show a table's resize rule ~100x more than a
+    pooled output) of a model built at that size (the loader resizes the table) and of one of any size (the layer
+    does) agree with the source library's (transformers' `interpolate_pos_encoding`, timm's dynamic size)."""
+    folder, meta, reference = case(name)
+    any_size = build(folder, input_shape=(None, None, 3), include_preprocessing=False)
+    for index in range(2):
+        size = tuple(int(side) for side in reference[f"size_{index}"])
+        inputs = random_inputs(name, index, size)
+        fixed = build(folder, input_shape=(*size, 3), include_preprocessing=False)
+        for model, how in ((fixed, "built at that size"), (any_size, "of any size")):
+            what = f"{name} at {size}, {how}"
+            assert_agrees(model.predict_on_batch(inputs), reference[f"outputs_{index}"], what)
+            tokens = patch_tokens(model).predict_on_batch(inputs)[f"block_{model.vit_config.num_layers - 1}"]
+            assert_agrees(tokens, reference[f"patch_tokens_{index}"], f"{what}: patch tokens")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CASES)
+def test_exports_are_at_the_files_size_and_serve_its_transform(tmp_path, name):
+    """keras-vit-export and keras-vit-tflite with `--weights` alone: the SavedModel serves the JPEG as the source
+    library's processor and model compute it; the LiteRT file takes the file's size."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from keras_vit.cli import export as export_cli
+    from keras_vit.cli import tflite as tflite_cli
+    from keras_vit.export import saved_model
+    from tests.testing import TF1Server
+
+    folder, meta, reference = case(name)
+    assert export_cli.main(["--weights", folder, "--out", str(tmp_path / "served"), "--version", "1"]) == 0
+    path = tmp_path / "served" / "1"
+    assert saved_model.read_metadata(path)["image_size"] == meta["native_size"]
+    with open(PHOTO, "rb") as file:
+        served = TF1Server(path).predict("serving_bytes", {"image_bytes": np.array([file.read()])})
+    assert_agrees(served.get("logits", served.get("embedding")), reference["output"], f"{name} served",
+                  resized_here=True)
+
+    photos = tmp_path / "photos"  # the user's own images, as --images takes them
+    photos.mkdir()
+    for index in range(2):
+        (photos / f"{index}.jpg").write_bytes(open(PHOTO, "rb").read())
+    assert tflite_cli.main(["--weights", folder, "--out", str(tmp_path / "lite"), "--modes", "float32", "--images",
+                            str(photos)]) == 0
+    (file_name,) = [name for name in os.listdir(tmp_path / "lite") if name.endswith(".tflite")]
+    interpreter = Interpreter(model_path=str(tmp_path / "lite" / file_name))
+    interpreter.allocate_tensors()
+    (given,), (output,) = interpreter.get_input_details(), interpreter.get_output_details()
+    assert list(given["shape"]) == [1, *meta["native_size"], 3]
+    interpreter.set_tensor(given["index"], reference["pixels"].astype("float32"))
+    interpreter.invoke()
+    expected = reference["output"]
+    if read_checkpoint(folder).head_classes is not None:  # a classifier's file ends in its probabilities
+        expected = tf.nn.softmax(expected).numpy()
+    assert_agrees(interpreter.get_tensor(output["index"]), expected, f"{name} LiteRT")
+
+
+def test_resize_sizes_are_transformers_own_for_every_shortest_edge():
+    """A processor's integer sizes are kept: for crops 224-518 and every shortest edge 160-640, the model built at
+    the crop resizes each image to what transformers computes (taking crop / edge as a fraction lost a pixel at
+    224 / 400, 336 / 375, ...)."""
+    from keras_vit import image_io
+    from keras_vit.checkpoints import preprocessing
+
+    with open(os.path.join(FOLDER, "sizes.json"), encoding="utf-8") as file:
+        table = json.load(file)
+    checked, fraction_rule_off = 0, set()
+    for crop, edges in table.items():
+        crop = int(crop)
+        for edge, rows in edges.items():
+            edge, rows = int(edge), np.asarray(rows)
+            declared = preprocessing.from_processor_config(
+                {"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": edge}, "do_center_crop": True,
+                 "crop_size": {"height": crop, "width": crop}, "image_mean": [0.5] * 3, "image_std": [0.5] * 3},
+                "preprocessor_config.json")
+            assert declared.image_size == (crop, crop)
+            fields = {name: declared.fields[name] for name in ("resize_mode", "crop_fraction", "resize_size")}
+            ours = image_io.resized_shape(rows[:, :2], (crop, crop), **fields).numpy()
+            np.testing.assert_array_equal(ours, rows[:, 2:], err_msg=f"crop {crop}, shortest edge {edge}")
+            checked += len(rows)
+            if math.floor(crop / fields["crop_fraction"]) != edge:
+                fraction_rule_off.add((crop, edge))
+    assert checked == 3 * sum(641 - max(160, crop) for crop in (224, 256, 336, 384, 448, 518))
+    # The rule this replaced, floor(crop / (crop / edge)), is a pixel short for these, as the bug report says.
+    assert {(224, edge) for edge in (354, 375, 400, 404, 408, 410, 422, 425, 426, 439)} <= fraction_rule_off
+
+
+@pytest.mark.slow
+def test_an_npz_file_not_at_224_is_built_and_exported_at_its_own_size(tmp_path):
+    """An original `.npz` file declares its size by its position table alone (a 6x6 grid of 8-pixel patches: 48 px):
+    built, exported and converted there with no size given, equal to the NumPy forward of the file (vit_jax's
+    own code is not installable here)."""
+    from keras_vit.cli import export as export_cli
+    from keras_vit.export import saved_model
+    from tests.reference import vit_logits
+    from tests.testing import TINY_VIT, save_checkpoint, vit_checkpoint
+
+    arrays = vit_checkpoint(TINY_VIT, grid=6, seed=5)
+    path = save_checkpoint(tmp_path / "vit_48.npz", arrays)
+    model = keras_vit.VisionTransformer(weights=path, classes=10, classifier_activation=None)
+    assert tuple(model.input_shape[1:3]) == (48, 48)
+    pixels = np.random.default_rng(0).uniform(0, 255, (2, 48, 48, 3)).astype("float32")
+    assert_agrees(model.predict_on_batch(pixels), vit_logits(arrays, pixels), "npz at 48 px")
+    assert export_cli.main(["--weights", path, "--out", str(tmp_path / "served"), "--version", "1"]) == 0
+    assert saved_model.read_metadata(tmp_path / "served" / "1")["image_size"] == [48, 48]

@@ -1,0 +1,108 @@
+"""One harness, every model family: the same checks for each row of FAMILIES.
+
+`run_model_test` (tests/testing.py) follows keras-hub's `run_backbone_test`: build, every layer built, load a
+checkpoint in the original layout through `weights=`, forward pass against the shared NumPy reference
+(`tests/reference.py`), `predict` equal to the call, `get_config` / `.keras` / `.weights.h5` round trips
+with identical outputs. `test_family_saved_model` adds the TF Serving export (slow). A new family is one
+more row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras_vit
+from tests.reference import gelu_erf, quick_gelu
+from tests.testing import (TINY_HYBRID, TINY_VIT, Family, build, images, outputs, randomize, run_model_test,
+                           save_checkpoint)
+
+FAMILIES = {
+    "vit": Family(TINY_VIT),
+    "vit_gap": Family(dict(TINY_VIT, classifier="gap"), checkpoint={"classifier": "gap"}),
+    "vit_pre_logits": Family(dict(TINY_VIT, representation_size=24), checkpoint={"representation_size": 24}),
+    "vit_resampled_non_square": Family(TINY_VIT, input_shape=(24, 40, 3), checkpoint={"grid": 5}),
+    "vit_pytorch_numerics": Family(dict(TINY_VIT, layer_norm_epsilon=1e-12, gelu_approximate=False),
+                                   eps=1e-12, gelu=gelu_erf),
+    "hybrid": Family(TINY_HYBRID),
+    # The ViT family's options (issue 25), each as its timm models combine them:
+    "deit3": Family(dict(TINY_VIT, layer_scale_init=1e-5, no_embed_class=True), checkpoint=None),
+    "dinov2_registers": Family(dict(TINY_VIT, layer_scale_init=1e-5, num_register_tokens=4, no_embed_class=True),
+                               checkpoint=None),
+    "dinov2_registers_hf": Family(dict(TINY_VIT, layer_scale_init=1e-5, num_register_tokens=4), checkpoint=None),
+    "clip_openai": Family(dict(TINY_VIT, norm_pre=True, patch_bias=False, activation="quick_gelu",
+                               layer_norm_epsilon=1e-5), checkpoint=None, eps=1e-5, gelu=quick_gelu),
+    "siglip_map": Family(dict(TINY_VIT, classifier="map"), checkpoint=None),
+    "map_registers_qk_norm": Family(dict(TINY_VIT, classifier="map", num_register_tokens=2, qk_norm=True,
+                                         gelu_approximate=False),
+                                    checkpoint=None, gelu=gelu_erf),
+    "deit_distilled": Family(dict(TINY_VIT, distillation_token=True), checkpoint=None),
+    "fc_norm_avg": Family(dict(TINY_VIT, fc_norm=True, num_register_tokens=2), checkpoint=None),
+    "qk_norm_gap": Family(dict(TINY_VIT, qk_norm=True, classifier="gap", num_register_tokens=1), checkpoint=None),
+}
+FAST_FAMILIES = ("vit", "dinov2_registers")  # the rest run in the full suite only (`-m "not slow"` is the fast subset)
+
+
+@pytest.mark.parametrize("name", [name if name in FAST_FAMILIES else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in sorted(FAMILIES)])
+def test_family(name, tmp_path):
+    run_model_test(FAMILIES[name], tmp_path)
+
+
+# Every option of the ViT family, and the numerics, as `ViTConfig` fields that some family sets.
+FAMILY_OPTIONS = ("classifier", "representation_size", "patch_bias", "num_register_tokens", "no_embed_class",
+                  "distillation_token", "norm_pre", "layer_scale_init", "qk_norm", "fc_norm", "layer_norm_epsilon",
+                  "gelu_approximate", "activation")
+
+
+def test_families_cover_every_family_option():
+    assert set(FAMILY_OPTIONS) <= set(keras_vit.variants.OPTIONS)
+    assert {option for family in FAMILIES.values() for option in family.config} >= set(FAMILY_OPTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_through_a_variant_builder(name):
+    """`keras_vit.ViTTi16(qk_norm=True, ...)`: every family's options as keywords of a public builder (the tiny
+    architecture too) give the model `VisionTransformer` builds, the same config and the same logits."""
+    family = FAMILIES[name]
+    builder = keras_vit.R50ViTB16 if "resnet_stages" in family.config else keras_vit.ViTTi16
+    built = builder(weights=None, input_shape=family.input_shape, classes=10, classifier_activation=None,
+                    **family.config)
+    direct = build(family)
+    assert built.vit_config == direct.vit_config
+    for option, value in family.config.items():
+        assert getattr(built.vit_config, option) == (tuple(value) if isinstance(value, list) else value), option
+    randomize(direct, seed=2)
+    built.set_weights(direct.get_weights())
+    x = images(family.input_shape)
+    np.testing.assert_array_equal(outputs(built, x), outputs(direct, x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vit", "vit_resampled_non_square", "hybrid", "dinov2_registers", "clip_openai",
+                                  "deit_distilled", "siglip_map"])
+def test_family_saved_model(name, tmp_path):
+    import tensorflow as tf
+
+    from keras_vit.export import saved_model
+
+    family = FAMILIES[name]
+    model = build(family, weights=save_checkpoint(tmp_path / "checkpoint.npz", family.arrays()))
+    logits = outputs(model, images(family.input_shape))  # the harness checks them: test_family[name]
+    path = saved_model.export_saved_model(model, tmp_path / "serving")
+    served = tf.saved_model.load(str(path)).signatures["serving_default"]
+    served_logits = served(images=tf.constant(images(family.input_shape)))["logits"].numpy()
+    np.testing.assert_allclose(served_logits, logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["clip_openai", "deit_distilled", "dinov2_registers", "siglip_map"])
+def test_family_float32_tflite(name, tmp_path):
+    """The float32 LiteRT file of each family option set gives the Keras model's logits."""
+    from keras_vit.export import tflite
+
+    family = FAMILIES[name]
+    model = build(family, weights=save_checkpoint(tmp_path / "checkpoint.npz", family.arrays()))
+    x = images(family.input_shape)
+    lite = tflite.LiteRTClassifier(tflite.convert(model, tmp_path / "model.tflite", "float32"))
+    np.testing.assert_allclose(np.stack([lite(image) for image in x]), outputs(model, x), atol=1e-5, rtol=0)

@@ -1,0 +1,335 @@
+"""The benchmark harness runs in --quick mode and writes the fields its reports promise.
+
+The benchmark itself is not a test: this checks that `python -m benchmarks.run --quick` runs
+end to end (peers skipped when not installed) and that its JSON is whole; the fast tests run
+one quick case in this process and check the harness' arithmetic.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import ab, cases, matmul_floor, run, serving, torchvision_stub, worker
+from tests.testing import needs
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW_FIELDS = {"case", "kind", "arch", "batch", "dtype", "impl", "status", "samples", "img_per_s",
+              "latency_p50_ms", "latency_p90_ms", "peak_rss_mib", "peak_fraction", "ratio_to"}
+
+
+def _rounding_bounds(cell: str) -> tuple[float, float]:
+    """The values a number printed as `cell` can have been: +- half its last printed digit."""
+    half = 0.5 * 10.0 ** -len(cell.partition(".")[2])
+    return float(cell) - half, float(cell) + half
+
+
+def assert_ratio_of_cells(ratio: str, numerator: str, denominator: str) -> None:
+    """A table's ratio ("1.234x") is the quotient of the unrounded times printed in two of its cells: it lies
+    within the quotients that rounding those cells allows (a tiny model's 1.9 ms can have been 1.949)."""
+    low_ratio, high_ratio = _rounding_bounds(ratio.rstrip("x"))
+    (low_n, high_n), (low_d, high_d) = _rounding_bounds(numerator), _rounding_bounds(denominator)
+    assert low_n / high_d <= high_ratio and low_ratio <= high_n / low_d, (ratio, numerator, denominator)
+
+
+def test_a_ratio_is_checked_against_the_rounding_of_its_cells():
+    assert_ratio_of_cells("16.264x", "31.7", "1.9")  # a run's row: 1.9 ms was about 1.949, 2.6% off the cells' 16.68
+    assert_ratio_of_cells("1.100x", "2.20", "2.00")
+    for wrong in ("16.000x", "17.200x"):
+        with pytest.raises(AssertionError):
+            assert_ratio_of_cells(wrong, "31.7", "1.9")
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_json_and_markdown(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "benchmark.json").read_text())
+    assert (tmp_path / "benchmark.md").read_text().startswith("# keras_vit benchmark")
+    assert report["quick"] is True
+    assert {"cpu", "isa_flags", "threads", "matmul_gflops", "tensorflow_cpu", "versions"} <= report["machine"].keys()
+    assert set(report["machine"]["matmul_gflops"]) == {"float32", "bfloat16"}
+    case_names = {case["name"] for case in report["cases"]}
+    assert case_names == {"infer_fp32_bs1", "infer_fp32_bs16", "infer_bf16_bs1", "infer_bf16_bs16",
+                          "train_fp32_bs32", "startup"}
+    ours = [row for row in report["results"] if row["impl"] == "keras_vit"]
+    assert {row["case"] for row in ours} == case_names
+    for row in ours:
+        assert row["status"] == "ok", row
+        assert ROW_FIELDS <= row.keys(), ROW_FIELDS - row.keys()
+        assert row["latency_p50_ms"] > 0 and row["peak_rss_mib"] > 0
+        if row["kind"] == "startup":
+            assert row["startup_s"] > 0
+        else:
+            assert row["img_per_s"] > 0 and 0 < row["peak_fraction"]
+    peers = {row["impl"] for row in report["results"]} - {"keras_vit"}
+    for row in ours:
+        assert set(row["ratio_to"]) == peers & {r["impl"] for r in report["results"]
+                                                   if r["case"] == row["case"] and r["status"] == "ok"}
+    for impl, why in report["skipped"].items():
+        assert "not installed" in why
+
+
+@pytest.mark.slow
+def test_worker_times_a_quick_case_in_this_process(capsys):
+    case = next(case for case in cases.cases(quick=True) if case.name == "infer_fp32_bs16")
+    worker.main(["keras_vit", "2", json.dumps(case.to_dict())])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(worker.RESULT_PREFIX)]
+    (result,) = json.loads(lines[0][len(worker.RESULT_PREFIX):])
+    assert result["status"] == "ok" and result["case"] == case.name, result
+    assert len(result["latencies"]) == case.iters and min(result["latencies"]) > 0
+
+
+@pytest.mark.parametrize("kind, result, expected", [
+    ("startup", {"t_first_prediction": 112.5}, [12.5]),  # process start (100.0) to the first prediction
+    ("inference", {"latencies": [0.25, 0.5]}, [0.25, 0.5]),
+])
+def test_ab_reads_each_case_kind_from_the_worker(monkeypatch, kind, result, expected):
+    case = next(case for case in cases.FULL_CASES if case.kind == kind)
+    line = worker.RESULT_PREFIX + json.dumps([{"status": "ok", **result}])
+    monkeypatch.setattr(ab.time, "time", lambda: 100.0)
+    monkeypatch.setattr(ab.subprocess, "run", lambda command, **kwargs: subprocess.CompletedProcess(
+        command, 0, stdout=f"log line\n{line}\n", stderr=""))
+    assert ab._latencies(str(ROOT), case, 2) == expected
+
+
+def test_ab_worker_reads_the_training_and_export_packages_of_its_tree(tmp_path):
+    """keras_vit.training and keras_vit.export are a tree's training/ and export/ (setup.py's package_dir): the
+    worker of a before-tree gets that tree's, not those of the keras_vit installed here."""
+    for folder in ("keras_vit", "training", "export", "training/recipes", "benchmarks"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text(f"TREE = {folder!r}\n")
+    (tmp_path / "benchmarks" / "worker.py").write_text(
+        "import sys\nimport keras_vit.export, keras_vit.training.recipes\n"
+        "print(sys.argv[1:], keras_vit.training.recipes.__file__, keras_vit.export.__file__)\n")
+    done = subprocess.run([sys.executable, "-c", ab.TREE_WORKER, "keras_vit", "2"], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['keras_vit',", "'2']", str(tmp_path / "training" / "recipes" / "__init__.py"),
+                                   str(tmp_path / "export" / "__init__.py")]
+
+
+def test_ab_prints_each_round_beside_all_rounds_so_far(monkeypatch, capsys):
+    timings = iter([[0.3], [0.2], [0.1], [0.4]])  # round 1: before, after; round 2: after, before
+    monkeypatch.setattr(ab, "_latencies", lambda tree, case, threads: next(timings))
+    ab.main(["/before", "/after", "--cases", "infer_fp32_bs1", "--rounds", "2"])
+    out = capsys.readouterr().out
+    assert ("[round 1/2] infer_fp32_bs1: this round before 300.0 ms, after 200.0 ms; all rounds so far before "
+            "300.0 ms, after 200.0 ms") in out
+    assert ("[round 2/2] infer_fp32_bs1: this round before 400.0 ms, after 100.0 ms; all rounds so far before "
+            "350.0 ms, after 150.0 ms") in out
+    assert "| infer_fp32_bs1 | 350.0 | 150.0 | 2.333x |" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_worker_gives_keras_its_input_on_the_device_as_timm_has_it(accelerator, monkeypatch, capsys):
+    # On a GPU the Keras models took a host array, copied to the device in every timed step, and timm a CUDA
+    # tensor (RESULTS.md run R): the inference input is now converted once where Keras computes on an accelerator.
+    import keras
+    monkeypatch.setattr(worker, "_keras_on_accelerator", lambda keras: accelerator)
+    seen = []
+    predict = keras.Model.predict_on_batch
+    monkeypatch.setattr(keras.Model, "predict_on_batch", lambda self, x: seen.append(type(x)) or predict(self, x))
+    case = next(case for case in cases.cases(quick=True) if case.name == "infer_fp32_bs16")
+    worker.main(["keras_vit", "2", json.dumps(case.to_dict())])
+    assert worker.RESULT_PREFIX in capsys.readouterr().out
+    assert len(seen) == case.warmup + case.iters and len(set(seen)) == 1
+    assert (seen[0] is np.ndarray) is not accelerator, seen[0]
+
+
+def test_forward_flops_count_every_matmul_of_the_tiny_model():
+    # 32 px at patch 8: 16 patches + the class token; width 32, MLP 64, 2 blocks, 10 classes.
+    tokens, d, m = 17, 32, 64
+    attention = tokens * 3 * d * d + 2 * tokens * tokens * d + tokens * d * d  # QKV, scores and mix, output
+    per_block = attention + tokens * 2 * d * m
+    macs = 2 * per_block + 16 * 8 * 8 * 3 * d + d * 10  # blocks, patch embedding, head
+    assert cases.forward_flops("tiny") == 2 * macs
+    train = next(case for case in cases.cases(quick=True) if case.kind == "train")
+    assert cases.case_flops(train) == 3 * train.batch * 2 * macs
+
+
+@pytest.mark.parametrize("arch", sorted(cases.ARCHS))
+def test_forward_matmuls_are_every_flop_of_the_forward(arch):
+    for batch in (1, 3):
+        shapes = cases.forward_matmuls(arch, batch)
+        assert sum(2 * count * batched * m * k * n for count, batched, m, k, n in shapes) == \
+            cases.forward_flops(arch) * batch
+
+
+def test_matmul_floor_products_are_computed_and_summed(monkeypatch, capsys):
+    # One real timing of a small shape, then the floor's sum over the forward with a stand-in clock.
+    assert 0 < matmul_floor.matmul_seconds(1, 16, 8, 4, chain=3) < 1
+    monkeypatch.setattr(matmul_floor, "matmul_seconds", lambda batched, m, k, n: batched * m * k * n * 1e-9)
+    matmul_floor.main(["--arch", "tiny", "--batches", "2"])
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny | 2 |")]
+    expected_ms = sum(c * b * m * k * n for c, b, m, k, n in cases.forward_matmuls("tiny", 2)) * 1e-6
+    assert row == [f"| tiny | 2 | {expected_ms:.1f} | 2 |"]
+
+
+def test_litert_ops_times_each_op_and_says_where_it_ran(capsys):
+    from benchmarks import litert_ops  # TensorFlow and LiteRT: imported here, so this module collects without them
+    litert_ops.main(["--tokens", "5", "--width", "16", "--heads", "2", "--runs", "2"])
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line.split("|")[3:6]
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line}
+    # Times in ms to 0.001: at these tiny shapes the fastest ops (LOGISTIC) can print as 0.000.
+    times = [float(cell) for one, two, _ in list(rows.values())[1:] for cell in (one, two)]
+    assert len(rows) == 1 + 14 and min(times) >= 0 and max(times) > 0, rows
+    outside = {case: where.strip() for case, (_, _, where) in rows.items()}
+    # The interpreter's own kernel takes an int8 BATCH_MATMUL whose right operand has a zero point; XNNPACK
+    # takes it on keras_vit's symmetric range. The squared LayerNorm brings SQUARED_DIFFERENCE, the product not.
+    for product in ("q k^T (BATCH_MATMUL)", "A V (BATCH_MATMUL)"):
+        assert outside[product, "plain"] == "BATCH_MATMUL 1" and outside[product, "keras_vit"] == "none"
+    assert "SQUARED_DIFFERENCE 1" in outside["LayerNorm, square(x - mean)", "plain"]
+    assert "SQUARED_DIFFERENCE" not in outside["LayerNorm, (x - mean)(x - mean)", "plain"]
+    assert outside["dense, width -> 4 x width (FULLY_CONNECTED)", "plain"] == "none"
+    # int8_cpu's float32 softmax and GELU run on XNNPACK, the int8 ones in the interpreter.
+    assert outside["softmax", "plain"] == "SOFTMAX 1" and outside["softmax", "int8_cpu"] == "none"
+    assert outside["GELU (tanh)", "plain"] == "GELU 1" and outside["GELU (tanh)", "int8_cpu"] == "none"
+    # XNNPACK has int8 LOGISTIC but no int8 EXP: a softmax of XNNPACK's int8 ops leaves EXP (and the reciprocal's
+    # DIV) in the interpreter.
+    assert outside["exp (softmax's numerator)", "plain"] == "EXP 1"
+    assert outside["sigmoid (LOGISTIC)", "plain"] == "none"
+    assert outside["softmax as exp(x - max) * (1 / sum)", "plain"] == "DIV 1, EXP 1"
+
+
+def test_int8_softmax_forms_run_on_xnnpack_and_none_is_as_exact_as_softmax(capsys):
+    from benchmarks import int8_softmax  # TensorFlow and LiteRT: imported here, as above
+    int8_softmax.main(["--tokens", "24", "--heads", "2", "--runs", "2"])
+    lines = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| ") and "---" not in line]
+    rows = {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in lines[1:]}  # after the header
+    assert list(rows) == [name for name, _, _ in int8_softmax.FORMS], rows
+    assert all(float(row[0]) >= 0 and float(row[1]) >= 0 for row in rows.values()), rows
+    softmax, by_reciprocal, by_log, ranges_set, two_passes = rows.values()
+    # XNNPACK runs ELU: of the ELU forms only the reciprocals' DIVs (or the LOG) stay in the interpreter. But the
+    # converter leaves ELU in float32, so no ELU form is integer-only.
+    assert [row[2] for row in rows.values()] == ["SOFTMAX 1", "DIV 1", "LOG 1", "DIV 1", "DIV 2"]
+    assert [row[5] for row in rows.values()] == ["none", "ELU", "ELU", "ELU", "ELU"]
+    # The built-in is within a step or two of its output (1/256; one here) on rows of mixed temperature. Each
+    # ELU form is less exact; setting the ranges (an exact x - max, an ELU that reaches -1) and a second pass
+    # (the sums near 1, held finely) each make it more exact.
+    assert float(softmax[3]) <= 2 / 256
+    errors = [float(row[3]) for row in (two_passes, ranges_set, by_reciprocal)]
+    assert float(softmax[3]) < errors[0] < errors[1] < errors[2], rows
+
+
+def test_serving_benchmark_loads_keras_vit_savedmodel_as_tf_serving_does(tmp_path):
+    path = serving.export("keras_vit", "tiny", str(tmp_path))
+    result = serving.serve(path, [1, 2], runs=1, profile=True)
+    assert sorted(result) == ["1", "2", "profile_ms"] and result["1"] > 0 and result["2"] > 0
+    assert any("MatMul" in op for op in result["profile_ms"]), result["profile_ms"]
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 1.0])
+def test_percentile_interpolates_like_numpy(q):
+    values = [5.0, 1.0, 4.0, 2.5, 9.0]
+    assert run._percentile(values, q) == pytest.approx(np.percentile(values, 100 * q))
+
+
+@pytest.mark.slow
+@needs("torch", "the torchvision stub of the timm benchmark")
+def test_torchvision_stub_frozen_batch_norm_is_the_affine_batch_norm():
+    import torch
+    norm = torchvision_stub._frozen_batch_norm()(3)
+    rng = np.random.default_rng(0)
+    weight, bias, mean, var = rng.normal(size=3), rng.normal(size=3), rng.normal(size=3), rng.uniform(0.5, 2, 3)
+    for name, value in (("weight", weight), ("bias", bias), ("running_mean", mean), ("running_var", var)):
+        getattr(norm, name).copy_(torch.tensor(value, dtype=torch.float32))
+    x = rng.normal(size=(2, 3, 4, 4))
+    expected = ((x - mean[:, None, None]) / np.sqrt(var[:, None, None] + 1e-5) * weight[:, None, None]
+                + bias[:, None, None])
+    np.testing.assert_allclose(norm(torch.tensor(x, dtype=torch.float32)).numpy(), expected, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_jax_predict_benchmark_reports_a_built_model_and_its_ratio():
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.jax_predict", "--impls", "keras_vit", "--archs", "tiny",
+                           "--iters", "2", "--check", "100"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| keras_vit | tiny |"))
+    unbuilt, predict_ms, jit_ms, ratio = [cell.strip() for cell in row.strip("|").split("|")[2:]]
+    assert unbuilt == "0" and float(predict_ms) > 0 and float(jit_ms) > 0
+    assert_ratio_of_cells(ratio, predict_ms, jit_ms)
+
+
+@pytest.mark.slow
+def test_kernel_choice_benchmark_times_both_on_the_same_weights_and_checks_the_ratio():
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.kernel_choice", "--arch", "tiny", "--batches", "1,3",
+                           "--train-arch", "tiny", "--train-batch", "4", "--calls", "2", "--check", "1e9"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]  # no kernel is a billion times faster: --check fails
+    assert "keras_vit's choice here: KernelChoice(" in done.stdout
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in done.stdout.splitlines()
+            if line.startswith("| tiny ")]
+    assert [row[0] for row in rows] == ["tiny predict_on_batch, batch 1", "tiny predict_on_batch, batch 3",
+                                        "tiny train_on_batch, batch 4"]
+    for case, chosen, portable, ratio, check in rows:
+        assert_ratio_of_cells(ratio, portable, chosen)
+    for row in rows[:2]:  # the same weights and images: the logits agree
+        assert float(row[4].split()[-1]) < 1e-4
+    losses = [float(word) for word in rows[2][4].replace(",", "").split() if word[0].isdigit()]
+    assert len(losses) == 2 and losses[0] == pytest.approx(losses[1], abs=1e-4)
+
+
+def test_paired_calls_alternate_and_each_pair_is_counted():
+    from benchmarks import paired
+    order = []
+    times = paired.alternate({"keras_vit": lambda: order.append("keras_vit"),
+                              "keras_hub": lambda: order.append("keras_hub")}, 4)
+    assert order == ["keras_vit", "keras_hub", "keras_hub", "keras_vit"] * 2  # neither always goes first
+    assert [len(samples) for samples in times.values()] == [4, 4]
+    row = paired._row("case", {"keras_vit": [1.0, 5.0, 2.0], "keras_hub": [2.0, 4.0, 3.0]})
+    assert row == {"case": "case", "keras_vit": 2.0, "keras_hub": 3.0, "faster": "2 of 3"}
+
+
+def test_paired_without_keras_hub_says_how_to_install_it(monkeypatch, capsys):
+    from benchmarks import paired
+    monkeypatch.setitem(sys.modules, "keras_hub", None)  # `import keras_hub` raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        paired.main(["--arch", "tiny"])
+    assert exit_info.value.code == 2
+    assert "keras-hub is not installed: pip install keras-hub" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_paired_benchmark_times_keras_vit_and_the_peer_in_one_process(monkeypatch, capsys):
+    """keras-hub's place is taken by a stand-in (keras-hub is not a dependency): the timing, the compiled
+    optimizers, the table and --check are paired's own."""
+    import types
+
+    import keras
+
+    from benchmarks import paired
+    from training.trainer import AdamW
+    built = {}
+    build = worker.KERAS_BUILDERS["keras_vit"]
+
+    def recorded(impl):
+        return lambda arch, train: built.setdefault((impl, train), build(arch, train))
+    monkeypatch.setitem(worker.KERAS_BUILDERS, "keras_vit", recorded("keras_vit"))
+    monkeypatch.setitem(worker.KERAS_BUILDERS, "keras_hub", recorded("keras_hub"))
+    monkeypatch.setitem(sys.modules, "keras_hub", types.SimpleNamespace(__version__="stand-in"))
+    code = paired.main(["--arch", "tiny", "--batches", "1,3", "--train-arch", "tiny", "--train-batch", "4",
+                        "--calls", "3", "--check", "1e9"])
+    out = capsys.readouterr().out
+    assert code == 1  # no model is a billion times faster than another: --check fails
+    assert "keras-hub stand-in; 3 alternating calls per case" in out
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| tiny ")]
+    assert [row[0] for row in rows] == ["tiny predict_on_batch, batch 1", "tiny predict_on_batch, batch 3",
+                                        "tiny train_on_batch, batch 4"]
+    for case, ours, theirs, ratio, faster in rows:
+        assert_ratio_of_cells(ratio, theirs, ours)
+        assert faster.endswith(" of 3 pairs") and 0 <= int(faster.split()[0]) <= 3
+    # each trains with its own AdamW, as in benchmarks.run: keras_vit's fused one, the peer Keras' own
+    assert isinstance(built["keras_vit", True].optimizer, AdamW)
+    assert type(built["keras_hub", True].optimizer) is keras.optimizers.AdamW
