@@ -1,10 +1,12 @@
 """Files and folders written whole or not at all: `atomic_write(path)` (the converter's output, the inspection
 figures, the LiteRT report), `atomic_write(path, folder=True)` (a SavedModel version folder) and `write_json(path,
-value)` (a training backup's config, keras-vit-masked-digits' records)."""
+value)` (a training backup's config, keras-vit-masked-digits' records); `check_free_space` refuses a write the disk
+has no room for before it starts."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -40,6 +42,42 @@ def atomic_write(path: str | os.PathLike, folder: bool = False) -> Iterator[str]
             shutil.rmtree(partial, ignore_errors=True)
         elif os.path.exists(partial):
             os.remove(partial)
+
+
+class DiskSpaceError(OSError):
+    """Not enough free space for the files about to be written (errno ENOSPC); nothing was written."""
+
+
+def check_free_space(needs: dict[str, int], what: str) -> None:
+    """Raises `DiskSpaceError` where a file system lacks the space for the bytes about to be written to it.
+
+    Args:
+        needs: folder -> the bytes about to be written there (folders on one file system are added up; a folder
+            that does not exist yet is measured at its nearest existing parent).
+        what: what would be written, for the message.
+    """
+    by_device: dict[int, tuple[str, int]] = {}
+    for folder, size in needs.items():
+        device = os.stat(_nearest_existing(folder)).st_dev
+        first, total = by_device.get(device, (folder, 0))
+        by_device[device] = (first, total + size)
+    for folder, needed in by_device.values():
+        free = shutil.disk_usage(_nearest_existing(folder)).free
+        if free < needed:
+            raise DiskSpaceError(errno.ENOSPC, f"Not enough free space for {what} in {folder}: about "
+                                 f"{_mebibytes(needed)} needed, {_mebibytes(free)} free. Nothing was written and the "
+                                 "files there before are whole: free some space and run the same command again")
+
+
+def _nearest_existing(folder: str) -> str:
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    return existing
+
+
+def _mebibytes(size: int) -> str:
+    return f"{size / 2 ** 20:.1f} MiB"
 
 
 def write_json(path: str | os.PathLike, value) -> None:

@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 
 import keras_vit
+from keras_vit.atomic import atomic_write
 from .configs import Config
 from .recipe import Recipe, build_backbone, pooling
 
@@ -57,9 +58,12 @@ def _save_outputs(model: keras_vit.MaskedPatchModel, encoder: keras.Model, outdi
              "encoder_path": os.path.join(outdir, "encoder.keras"),
              "encoder_weights_path": os.path.join(outdir, "encoder.weights.h5")}
     # Uncompiled, as the trainer saves: the files must load without this package's optimizers.
-    keras_vit.MaskedPatchModel(model.network, model.target, name=model.name).save(paths["model_path"])
-    encoder.save(paths["encoder_path"])  # Its layers are the trained ones (shared with the masked model).
-    encoder.save_weights(paths["encoder_weights_path"])
+    with atomic_write(paths["model_path"]) as partial:  # each file whole or absent
+        keras_vit.MaskedPatchModel(model.network, model.target, name=model.name).save(partial)
+    with atomic_write(paths["encoder_path"]) as partial:
+        encoder.save(partial)  # Its layers are the trained ones (shared with the masked model).
+    with atomic_write(paths["encoder_weights_path"]) as partial:
+        encoder.save_weights(partial)
     return paths
 
 

@@ -13,6 +13,7 @@ import os
 import keras
 
 import keras_vit
+from keras_vit.atomic import atomic_write
 from .configs import Config
 from .recipe import Recipe, pooling
 
@@ -45,7 +46,8 @@ def _save(model: keras.Model, backbone: keras.Model, outdir: str) -> dict[str, s
     is installed. Its compile state names training/'s optimizers and schedule, which only resuming needs,
     and resuming restores them from the BackupAndRestore folder instead."""
     path = os.path.join(outdir, "model.keras")
-    keras_vit.ViTModel(model.input, model.output, name=model.name).save(path)
+    with atomic_write(path) as partial:  # whole or absent
+        keras_vit.ViTModel(model.input, model.output, name=model.name).save(partial)
     return {"model_path": path}
 
 

@@ -33,6 +33,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.atomic import atomic_write, check_free_space
+
 from . import data as data_lib
 from . import distribute, masked, multihost, resume, supervised
 from .configs import Config
@@ -154,6 +156,69 @@ class StopOnNaN(keras.callbacks.Callback):
                                f"Lower the learning rate or check the input data.")
 
 
+def state_bytes(model: keras.Model) -> int:
+    """About the bytes of a `.weights.h5` file of `model` (its weights and its optimizer's, as `save_weights` writes
+    them), with HDF5's overhead of a few KiB a variable."""
+    optimizer = getattr(model, "optimizer", None)  # None, or no such attribute, before `compile`
+    variables = [*model.weights, *(optimizer.variables if optimizer is not None else ())]
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize + 4096 for v in variables)
+
+
+class DiskSpaceGuard(keras.callbacks.Callback):
+    """Raises `keras_vit.atomic.DiskSpaceError` before the run's next writes where a disk lacks the room for them:
+    the backup (written twice: its copy, then itself), the last and best weights and a MiB for the logs.
+
+    It runs before every writer (`make_callbacks`), so on a full disk the backup and the checkpoints stay as they
+    were, whole, and the rerun resumes from them. Left to fail, h5py crashes the process inside its `close`
+    (TensorFlow 2.21, h5py 3.15: a segmentation fault after ENOSPC) and leaves a truncated file behind.
+    """
+
+    def __init__(self, backup_dir: str, outdir: str, backup_every_steps: int):
+        super().__init__()
+        self.backup_dir, self.outdir, self.backup_every_steps = backup_dir, outdir, backup_every_steps
+
+    def _check(self, with_checkpoints: bool) -> None:
+        state = state_bytes(self.model)
+        needs = {self.backup_dir: 2 * state}
+        if with_checkpoints:
+            needs[self.outdir] = 2 * state + 2 ** 20
+        check_free_space(needs, "the training backup and checkpoints" if with_checkpoints else "the training backup")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.backup_every_steps:
+            self._check(with_checkpoints=False)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._check(with_checkpoints=True)
+
+    def on_train_end(self, logs=None):
+        if self.backup_every_steps:  # the backup saves the end of training once more (`SyncedBackupAndRestore`)
+            self._check(with_checkpoints=False)
+
+
+class WeightsCheckpoint(keras.callbacks.Callback):
+    """Saves the weights (and the optimizer's state) to `path` at each epoch's end, or with `monitor` at the epochs
+    whose metric is the best so far (higher is better), whole: written beside `path`, then renamed over it
+    (`keras_vit.atomic.atomic_write`), so a crash or a full disk leaves the previous file."""
+
+    def __init__(self, path: str, monitor: str | None = None):
+        super().__init__()
+        self.path, self.monitor, self.best = path, monitor, -math.inf
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.monitor is not None:
+            value = (logs or {}).get(self.monitor)
+            if value is None:
+                logging.warning("%s is not among the epoch's metrics (%s): %s not saved.", self.monitor,
+                                ", ".join(sorted(logs or {})), self.path)
+                return
+            if not float(value) > self.best:
+                return
+            self.best = float(value)
+        with atomic_write(self.path) as partial:
+            self.model.save_weights(partial)
+
+
 class RunLog(keras.callbacks.Callback):
     """Appends the first epoch and optimizer iterations of every (re)start to `train_log.jsonl`."""
 
@@ -180,22 +245,22 @@ class RunLog(keras.callbacks.Callback):
 
 def make_callbacks(config: Config, workdir: str, outdir: str, worker: int,
                    best_metric: str | None = "top1") -> list[keras.callbacks.Callback]:
-    """NaN guard (first), backup per worker, run log, last/best weights, CSV history, TensorBoard.
+    """NaN guard (first), disk-space guard, backup per worker, run log, last/best weights, CSV history, TensorBoard.
 
     `best_metric`: the metric (higher is better) whose best epoch `checkpoints/best.weights.h5` keeps;
     `None` for no best checkpoint (e.g. masked-patch pre-training, which has no labels).
     """
     checkpoints = os.path.join(outdir, "checkpoints")
     os.makedirs(checkpoints, exist_ok=True)
-    best = [] if best_metric is None else [keras.callbacks.ModelCheckpoint(
-        os.path.join(checkpoints, "best.weights.h5"), save_weights_only=True,
-        monitor=f"val_{best_metric}" if config.validate else best_metric, mode="max", save_best_only=True)]
+    best = [] if best_metric is None else [WeightsCheckpoint(
+        os.path.join(checkpoints, "best.weights.h5"), monitor=f"val_{best_metric}" if config.validate else best_metric)]
+    backup = resume.backup_dir(workdir, worker)
     return [
         StopOnNaN(outdir),
-        resume.SyncedBackupAndRestore(resume.backup_dir(workdir, worker),
-                                      save_freq=config.backup_every_steps or "epoch"),
+        DiskSpaceGuard(backup, outdir, config.backup_every_steps),
+        resume.SyncedBackupAndRestore(backup, save_freq=config.backup_every_steps or "epoch"),
         RunLog(os.path.join(outdir, "train_log.jsonl")),
-        keras.callbacks.ModelCheckpoint(os.path.join(checkpoints, "last.weights.h5"), save_weights_only=True),
+        WeightsCheckpoint(os.path.join(checkpoints, "last.weights.h5")),
         *best,
         keras.callbacks.CSVLogger(os.path.join(outdir, "history.csv"), append=True),
         keras.callbacks.TensorBoard(os.path.join(outdir, "tensorboard")),
@@ -376,6 +441,8 @@ def _fit_and_evaluate(config: Config, workdir: str, strategy: distribute.Strateg
 def _save(config: Config, workdir: str, run: Run, model: keras.Model, backbone: keras.Model, results: dict) -> dict:
     """Saves the recipe's files and `model.eval.json`; returns the summary (no paths from a scratch folder)."""
     results = exact_results(results)
+    # The recipe's files hold at most three copies of the weights (the masked recipe's model, encoder, weights).
+    check_free_space({run.outdir: 3 * state_bytes(backbone) + 2 ** 20}, "the run's model files")
     summary = {**results,
                "num_eval_examples": run.datasets.num_eval_examples, "skipped_examples": run.datasets.skipped,
                "optimizer_iterations": optimizer_iterations(model),
