@@ -13,7 +13,9 @@ the temporary directory and leaves no `<version>/`.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 from pathlib import Path
 from typing import Sequence
@@ -23,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import image_io
-from keras_vit.atomic import atomic_write
+from keras_vit.atomic import DiskSpaceError, atomic_write, check_free_space
 
 from . import model_io, serving
 
@@ -97,10 +99,18 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
                 "image_formats": list(image_io.FORMATS),
                 "signatures": ["serving_default", serving.BYTES_SIGNATURE, *signatures],
                 "preprocessing": model_io.preprocessing_config(model).to_dict()}
-    with atomic_write(target, folder=True) as partial:  # makes `base` where there is none
-        archive.write_out(partial, verbose=False)
-        write_warmup_requests(partial, size, model_name=base.name)
-        (Path(partial) / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+    # At least the variables, which the SavedModel holds once (the graph and the warmup requests come on top).
+    check_free_space({str(base): sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.weights)},
+                     f"SavedModel version {version}")
+    try:
+        with atomic_write(target, folder=True) as partial:  # makes `base` where there is none
+            archive.write_out(partial, verbose=False)
+            write_warmup_requests(partial, size, model_name=base.name)
+            (Path(partial) / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+    except tf.errors.ResourceExhaustedError as error:  # TensorFlow's writer on a full disk (ENOSPC)
+        raise DiskSpaceError(errno.ENOSPC, f"The disk filled up while SavedModel version {version} was written in "
+                             f"{base} ({error.message.split(';')[-1].strip()}). Nothing was written and the versions "
+                             "there before are whole: free some space and export again") from None
     return target
 
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import socket
+import subprocess
 
 import keras
 import numpy as np
@@ -611,3 +612,32 @@ class TF1Server:
         feed = {signature_def.inputs[key].name: value for key, value in inputs.items()}
         fetch = {key: info.name for key, info in signature_def.outputs.items()}
         return self.session.run(fetch, feed_dict=feed)
+
+
+# ---------------------------------------------------------------------------------------
+# Disk faults, made for real: a small tmpfs (needs root, as CI runs; skips elsewhere)
+# ---------------------------------------------------------------------------------------
+
+def mounted_tmpfs(folder, size: str):
+    """Mounts a tmpfs of `size` (e.g. "16m") at the new folder `folder` and returns it; skips the test where this
+    user may not mount. Unmount with `unmount(folder)`."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root); this user is not")
+    os.makedirs(folder)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    return folder
+
+
+def unmount(folder) -> None:
+    subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def fill(folder, leave: int) -> None:
+    """Fills the file system of `folder` with `folder/filler` to its last `leave` bytes."""
+    import shutil
+
+    with open(os.path.join(folder, "filler"), "wb") as filler:
+        filler.write(b"\0" * (shutil.disk_usage(folder).free - leave))

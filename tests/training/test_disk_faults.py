@@ -9,7 +9,6 @@ the missing privilege.
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -17,22 +16,14 @@ import h5py
 import pytest
 
 from tests.full_disk_run import checksums
-from tests.testing import REPO, TRAIN_TINY, subprocess_env
+from tests.testing import REPO, TRAIN_TINY, fill, mounted_tmpfs, subprocess_env, unmount
 
 
 @pytest.fixture
 def small_disk(tmp_path):
     """A 16 MiB tmpfs at tmp_path / "disk"."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root); this user is not")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
+    yield mounted_tmpfs(tmp_path / "disk", "16m")
+    unmount(tmp_path / "disk")
 
 
 def _run(workdir, fill_at: int, record) -> subprocess.CompletedProcess:
@@ -80,8 +71,7 @@ def test_a_disk_full_mid_run_stops_in_one_line_keeps_every_file_and_the_rerun_re
 def test_keras_vit_train_on_a_full_disk_ends_in_one_line_and_writes_no_weights(small_disk):
     """The disk is full from the start: `keras-vit-train` stops at its first save with one line and exit status 1,
     before any weights file is begun."""
-    with open(small_disk / "filler", "wb") as filler:
-        filler.write(b"\0" * (shutil.disk_usage(small_disk).free - 256 * 1024))
+    fill(small_disk, leave=256 * 1024)
     done = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--config=digits", f"--workdir={small_disk}",
                            "--verbose=0", *[f"--override={item}" for item in TRAIN_TINY]],
                           cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
