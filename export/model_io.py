@@ -69,23 +69,25 @@ def logits_model(model: keras.Model) -> keras.Model:
     return keras.Model(model.input, head.output, name=f"{model.name}_logits")
 
 
-def vit_config(model: keras.Model) -> variants.ViTConfig | None:
-    """The `ViTConfig` of the keras_vit model in `model` (itself or a nested one); None for another model."""
+def _carried(model: keras.Model, attribute: str):
+    """The `attribute` (`vit_config`, `preprocessing_config`) of the keras_vit model in `model` (itself or a nested
+    one); None where neither has it."""
     for candidate in (model, *model.layers):
-        config = getattr(candidate, "vit_config", None)
+        config = getattr(candidate, attribute, None)
         if config is not None:
             return config
     return None
 
 
+def vit_config(model: keras.Model) -> variants.ViTConfig | None:
+    """The `ViTConfig` of the keras_vit model in `model` (itself or a nested one); None for another model."""
+    return _carried(model, "vit_config")
+
+
 def preprocessing_config(model: keras.Model) -> variants.PreprocessingConfig:
     """The `PreprocessingConfig` (mean, std, resize, crop, interpolation) of the keras_vit model in `model` (itself
     or a nested one); the defaults (the original's) for a model without one."""
-    for candidate in (model, *model.layers):
-        config = getattr(candidate, "preprocessing_config", None)
-        if config is not None:
-            return config
-    return variants.PreprocessingConfig()
+    return _carried(model, "preprocessing_config") or variants.PreprocessingConfig()
 
 
 def widest_activation_per_image(model: keras.Model) -> int | None:

@@ -1,17 +1,20 @@
 """Files and folders written whole or not at all: `atomic_write(path)` (the converter's output, the inspection
 figures, the LiteRT report), `atomic_write(path, folder=True)` (a SavedModel version folder) and `write_json(path,
 value)` (a training backup's config, keras-vit-masked-digits' records); `check_free_space` refuses a write the disk
-has no room for before it starts."""
+has no room for before it starts, `variables_bytes` estimates the room a file of variables takes."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import json
+import math
 import os
 import shutil
 import tempfile
-from typing import Iterator
+from typing import Iterable, Iterator
+
+import numpy as np
 
 
 @contextlib.contextmanager
@@ -56,17 +59,24 @@ def check_free_space(needs: dict[str, int], what: str) -> None:
             that does not exist yet is measured at its nearest existing parent).
         what: what would be written, for the message.
     """
-    by_device: dict[int, tuple[str, int]] = {}
+    by_device: dict[int, tuple[str, str, int]] = {}
     for folder, size in needs.items():
-        device = os.stat(_nearest_existing(folder)).st_dev
-        first, total = by_device.get(device, (folder, 0))
-        by_device[device] = (first, total + size)
-    for folder, needed in by_device.values():
-        free = shutil.disk_usage(_nearest_existing(folder)).free
+        existing = _nearest_existing(folder)
+        device = os.stat(existing).st_dev
+        first, measured, total = by_device.get(device, (folder, existing, 0))
+        by_device[device] = (first, measured, total + size)
+    for folder, measured, needed in by_device.values():
+        free = shutil.disk_usage(measured).free
         if free < needed:
             raise DiskSpaceError(errno.ENOSPC, f"Not enough free space for {what} in {folder}: about "
                                  f"{_mebibytes(needed)} needed, {_mebibytes(free)} free. Nothing was written and the "
                                  "files there before are whole: free some space and run the same command again")
+
+
+def variables_bytes(variables: Iterable, per_variable: int = 0) -> int:
+    """The bytes of `variables` (anything with a `shape` and a `dtype`: Keras variables), plus `per_variable` bytes
+    of a file format's own overhead for each (HDF5: a few KiB)."""
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize + per_variable for v in variables)
 
 
 def _nearest_existing(folder: str) -> str:

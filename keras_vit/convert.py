@@ -14,7 +14,6 @@ the dependencies run convert -> models -> checkpoints, never back.
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 
@@ -22,7 +21,7 @@ import keras
 import numpy as np
 
 from keras_vit import models
-from keras_vit.atomic import atomic_write, check_free_space
+from keras_vit.atomic import atomic_write, check_free_space, variables_bytes
 from keras_vit.checkpoints.reader import read_checkpoint
 
 
@@ -83,7 +82,7 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
 def _write_read_back(model: keras.Model, output: str) -> keras.Model:
     """Writes `model` to `output` (atomically, after checking the disk has room: h5py crashes the process on a disk
     that fills while it writes) and reads the file back into a new model."""
-    weights = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize + 4096 for v in model.weights)
+    weights = variables_bytes(model.weights, per_variable=4096)  # HDF5's overhead, a few KiB a variable
     check_free_space({os.path.dirname(os.path.abspath(output)): weights + 2 ** 20}, os.path.basename(output))
     with atomic_write(output) as partial:
         if output.endswith(".keras"):

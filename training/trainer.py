@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.atomic import atomic_write, check_free_space
+from keras_vit.atomic import atomic_write, check_free_space, variables_bytes
 
 from . import data as data_lib
 from . import distribute, masked, multihost, resume, supervised
@@ -161,7 +161,7 @@ def state_bytes(model: keras.Model) -> int:
     them), with HDF5's overhead of a few KiB a variable."""
     optimizer = getattr(model, "optimizer", None)  # None, or no such attribute, before `compile`
     variables = [*model.weights, *(optimizer.variables if optimizer is not None else ())]
-    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize + 4096 for v in variables)
+    return variables_bytes(variables, per_variable=4096)
 
 
 class DiskSpaceGuard(keras.callbacks.Callback):
@@ -176,9 +176,12 @@ class DiskSpaceGuard(keras.callbacks.Callback):
     def __init__(self, backup_dir: str, outdir: str, backup_every_steps: int):
         super().__init__()
         self.backup_dir, self.outdir, self.backup_every_steps = backup_dir, outdir, backup_every_steps
+        self._state_bytes = None  # measured at the first check, once the optimizer has built its variables
 
     def _check(self, with_checkpoints: bool) -> None:
-        state = state_bytes(self.model)
+        if self._state_bytes is None:
+            self._state_bytes = state_bytes(self.model)
+        state = self._state_bytes
         needs = {self.backup_dir: 2 * state}
         if with_checkpoints:
             needs[self.outdir] = 2 * state + 2 ** 20
