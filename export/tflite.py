@@ -43,7 +43,7 @@ from keras_vit.atomic import atomic_write
 
 from . import ALL_MODES, data, model_io
 from .tflite_conversion import (INT8_CPU_FLOAT_OPS, MIXED_INT8_OPS, _BUILTIN_NAMES, available_modes, builtin_code,
-                                convert, sensitive_layers)
+                                conversion_source, convert, sensitive_layers)
 
 # Max abs difference of the probabilities allowed per mode; the int8 modes are held to `max_top1_drop` instead.
 MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
@@ -257,15 +257,17 @@ def _load_images(model: keras.Model, images: np.ndarray | None, labels: np.ndarr
     return images, None if labels is None else np.asarray(labels), source
 
 
-def _export_mode(model: keras.Model, out: Path, mode: str, calibration: np.ndarray, reference: np.ndarray,
-                 evaluation: np.ndarray, labels: np.ndarray | None, max_top1_drop: float) -> dict[str, Any]:
-    """Converts and evaluates one mode in a hidden file of `out`, moved into place unless refused (then an older
-    file of that name is removed: the folder holds what its report says)."""
+def _export_mode(model: keras.Model, source: str, out: Path, mode: str, calibration: np.ndarray,
+                 reference: np.ndarray, evaluation: np.ndarray, labels: np.ndarray | None,
+                 max_top1_drop: float) -> dict[str, Any]:
+    """Converts (from `source`, the model's `conversion_source`) and evaluates one mode in a hidden file of `out`,
+    moved into place unless refused (then an older file of that name is removed: the folder holds what its report
+    says)."""
     final = out / f"{model.name}_{mode}.tflite"
     handle, partial = tempfile.mkstemp(dir=out, prefix=f".{final.name}.", suffix=".partial")
     os.close(handle)
     try:
-        convert(model, partial, mode, calibration)
+        convert(model, partial, mode, calibration, source=source)
         result = evaluate(partial, mode, reference, evaluation, labels=labels, max_top1_drop=max_top1_drop)
         if result["refused"]:
             final.unlink(missing_ok=True)
@@ -276,7 +278,7 @@ def _export_mode(model: keras.Model, out: Path, mode: str, calibration: np.ndarr
     result["file"] = None if result["refused"] else final.name
     if result["refused"]:
         try:
-            result["sensitive_layers"] = sensitive_layers(model, calibration, mode=mode)
+            result["sensitive_layers"] = sensitive_layers(model, calibration, mode=mode, source=source)
         except Exception as error:  # A diagnosis only: its failure must not hide the refusal.
             result["sensitive_layers_error"] = f"{type(error).__name__}: {' '.join(str(error).split())}"
     return result
@@ -328,8 +330,9 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
     reference = model_io.with_pixel_input(model).predict(evaluation, verbose=0, batch_size=32)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = [_export_mode(model, out, mode, calibration, reference, evaluation, evaluation_labels, max_top1_drop)
-               for mode in modes]
+    with conversion_source(model) as saved_model_dir:  # one SavedModel for every mode
+        results = [_export_mode(model, saved_model_dir, out, mode, calibration, reference, evaluation,
+                                evaluation_labels, max_top1_drop) for mode in modes]
     report = {"model": model.name, "input_size": list(model_io.image_size(model)),
               "calibration_images": len(calibration),
               "images": {"source": source, "yours": source in ("given", "directory")},

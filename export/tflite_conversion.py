@@ -77,12 +77,12 @@ def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[
 
 
 @contextlib.contextmanager
-def _converter(model: keras.Model, options: dict[str, Any],
-               pixel_input: bool = True) -> Iterator[tf.lite.TFLiteConverter]:
-    """A TFLiteConverter of `model` at batch 1 with `options` (`converter_options`): taking [0, 255] pixels through
-    the model's preprocessing, or with `pixel_input=False` the model's own input (any Keras image model). What is
-    converted is `keras_vit.head_rows_model(model)`: the same outputs, the last encoder block computing only the
-    rows the head reads (for a model that is not a keras_vit classifier on a token, `model` itself)."""
+def conversion_source(model: keras.Model, pixel_input: bool = True) -> Iterator[str]:
+    """The SavedModel that every mode of `model` is converted from, written once into a temporary folder (its
+    path), removed on exit: `model` at batch 1, taking [0, 255] pixels through the model's preprocessing, or with
+    `pixel_input=False` the model's own input (any Keras image model). What is written is
+    `keras_vit.head_rows_model(model)`: the same outputs, the last encoder block computing only the rows the head
+    reads (for a model that is not a keras_vit classifier on a token, `model` itself)."""
     twin = head_rows_model(model)
     pixel_model = model_io.with_pixel_input(twin, model_io.preprocessing_config(model)) if pixel_input else twin
     height, width = model_io.image_size(model) if pixel_input else model.input_shape[1:3]
@@ -94,7 +94,18 @@ def _converter(model: keras.Model, options: dict[str, Any],
         archive.add_endpoint("serve", functools.partial(pixel_model.__call__, training=False),
                              input_signature=[tf.TensorSpec((1, height, width, 3), tf.float32, name="image")])
         archive.write_out(saved_model_dir, verbose=False)
-        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir)
+        yield saved_model_dir
+
+
+@contextlib.contextmanager
+def _converter(model: keras.Model, options: dict[str, Any], pixel_input: bool = True,
+               source: str | None = None) -> Iterator[tf.lite.TFLiteConverter]:
+    """A TFLiteConverter with `options` (`converter_options`) of `source`, a `conversion_source` of `model`
+    (written here where None is given)."""
+    with contextlib.ExitStack() as stack:
+        if source is None:
+            source = stack.enter_context(conversion_source(model, pixel_input))
+        converter = tf.lite.TFLiteConverter.from_saved_model(source)
         converter.experimental_enable_resource_variables = True
         for option, value in options.items():
             if option == "target_spec":
@@ -106,11 +117,12 @@ def _converter(model: keras.Model, options: dict[str, Any],
 
 
 def convert(model: keras.Model, path: str | os.PathLike, mode: str, calibration: np.ndarray | None = None,
-            pixel_input: bool = True) -> Path:
+            pixel_input: bool = True, source: str | None = None) -> Path:
     """Writes `model` (taking [0, 255] pixels, batch 1; its own input with `pixel_input=False`) as a `.tflite`
-    file in `mode`, the int8 modes calibrated on `calibration` (inputs as the file takes them)."""
+    file in `mode`, the int8 modes calibrated on `calibration` (inputs as the file takes them). `source`: the
+    model's `conversion_source`, where one is open for several modes (written here otherwise)."""
     options = converter_options(mode, calibration)
-    with _converter(model, options, pixel_input) as converter:
+    with _converter(model, options, pixel_input, source) as converter:
         if mode == "mixed_int8":
             flatbuffer = _mixed_int8(converter, options["representative_dataset"])
         elif mode in ("int8", "int8_cpu"):
@@ -211,13 +223,13 @@ def symmetric_matmul_operands(calibrated: bytes) -> bytes:
 
 
 def sensitive_layers(model: keras.Model, calibration: np.ndarray, count: int = SENSITIVE_LAYERS,
-                     mode: str = "int8") -> list[dict]:
+                     mode: str = "int8", source: str | None = None) -> list[dict]:
     """The `count` tensors that full int8 quantization of `model` perturbs most, largest first, by TensorFlow's
     quantization debugger (the int8 converter, calibrated and run on `calibration`; for `mode="int8_cpu"` with
     `INT8_CPU_FLOAT_OPS` in float32): `{"tensor", "op", "rmse_over_scale"}`, the root mean square error of the
-    tensor in units of its quantization step."""
+    tensor in units of its quantization step. `source`: as `convert`'s."""
     options = converter_options("int8", calibration)
-    with _converter(model, options) as converter, \
+    with _converter(model, options, source=source) as converter, \
             _debugger(converter, options["representative_dataset"], "Naming the sensitive layers",
                       _float_ops(mode)) as debugger:
         debugger.run()

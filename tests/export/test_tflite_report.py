@@ -3,6 +3,7 @@
 
 import collections
 import json
+import os
 import re
 
 import numpy as np
@@ -128,12 +129,22 @@ def test_digits_report_top1_accuracy(refused):
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
-def test_int8_within_the_limit_is_written(tmp_path):
-    report = tflite.export_tflite(tiny_model(), tmp_path, dataset="photos", modes=("dynamic_int8", "int8"),
+def test_int8_within_the_limit_is_written(tmp_path, monkeypatch):
+    """Both modes are converted from one SavedModel, and the files are what each mode converted alone is."""
+    model, sources = tiny_model(), []
+    from_saved_model = tf.lite.TFLiteConverter.from_saved_model
+    monkeypatch.setattr(tf.lite.TFLiteConverter, "from_saved_model",
+                        lambda path, *args: sources.append(path) or from_saved_model(path, *args))
+    report = tflite.export_tflite(model, tmp_path, dataset="photos", modes=("dynamic_int8", "int8"),
                                   max_top1_drop=100, **COUNTS)
+    assert len(sources) == 2 and len(set(sources)) == 1  # one temporary SavedModel, removed after
+    assert not os.path.exists(sources[0])
     for result in report["modes"]:
         assert not result["refused"] and result["sensitive_layers"] is None and result["passed"]
         assert (tmp_path / result["file"]).stat().st_size == result["size_bytes"]
+    alone = tflite.convert(model, tmp_path / "alone.bin", "dynamic_int8")
+    assert alone.read_bytes() == (tmp_path / report["modes"][0]["file"]).read_bytes()
+    (tmp_path / "alone.bin").unlink()
     assert report["thresholds"]["max_top1_drop"] == 100 and report["keras_top1_accuracy"] is None
     assert partial_files(tmp_path) == []
     with pytest.raises(ValueError, match="Expected labels only with images"):
