@@ -30,6 +30,11 @@ EXTRAS = {
     # Export: the LiteRT interpreter (tf.lite.Interpreter is deprecated) and the embedded calibration images.
     # TF Serving's warmup requests are written without tensorflow-serving-api, which pins its own TensorFlow.
     "export": ["ai-edge-litert>=2.0,<3", "scikit-learn>=1.5"],
+    # ONNX files (keras-vit-export --format onnx): Keras' own ONNX exporter, which on TensorFlow converts through
+    # tf2onnx (ONNX's converter for TensorFlow graphs), and ONNX Runtime, the most used ONNX engine, which checks
+    # each file against the Keras model before it is written. Separate from `export`: TFLite and SavedModel
+    # users do not install them.
+    "onnx": ["onnx>=1.16", "onnxruntime>=1.18", "tf2onnx>=1.16"],
     # Inspection plots and image files.
     "inspect": ["matplotlib>=3.8", "pillow>=10"],
     # Tests: SciPy and safetensors write the reference data; TF Serving's protos read the warmup requests;

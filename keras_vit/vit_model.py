@@ -144,6 +144,15 @@ class ViTModel(CpuKernelSteps, keras.Model):
             warnings.filterwarnings("ignore", _FLOAT_LAYER_NOTICE, UserWarning)
             super().quantize(mode, **kwargs)
 
+    def export(self, filepath, format: str = "tf_saved_model", verbose=None, input_signature=None, **kwargs):
+        """Keras' `Model.export`. For `format="onnx"` or `"openvino"` without an `input_signature`, this model's
+        inputs are the signature (`input_signature(self)`: the batch dynamic, and height and width for a model of
+        any size): Keras' exporters for those formats refuse a model that Keras never saw called, and `predict`
+        here runs `keras_vit.head_rows_model(self)`, not the model itself."""
+        if input_signature is None and format in ("onnx", "openvino"):
+            input_signature = model_input_signature(self)
+        return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature, **kwargs)
+
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights` (Keras files); says to use `keras_vit.load_weights` for checkpoints."""
         if os.fspath(filepath).endswith((".npz", ".safetensors")):
@@ -151,6 +160,14 @@ class ViTModel(CpuKernelSteps, keras.Model):
                              f"checkpoint {os.fspath(filepath)!r}: use `keras_vit.load_weights(model, path)`, which "
                              "maps its keys and resizes position embeddings.")
         return super().load_weights(filepath, *args, **kwargs)
+
+
+def model_input_signature(model: keras.Model) -> list:
+    """The `input_signature` of `keras.Model.export` for a functional `model`: one `keras.InputSpec` per input, of
+    its shape (None dimensions stay dynamic), dtype and name; a list of them for a model of several inputs."""
+    specs = [keras.InputSpec(shape=tuple(tensor.shape), dtype=tensor.dtype, name=tensor.name)
+             for tensor in model.inputs]
+    return specs if len(specs) == 1 else [specs]
 
 
 class _DeferredCollections:
