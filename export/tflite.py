@@ -89,6 +89,39 @@ def non_builtin_ops(path: str | os.PathLike) -> list[str]:
     return sorted({op.name for op in _ops(path) if not op.builtin})
 
 
+# What LiteRT's GPU delegate rejects or computes wrongly, found in a file's flatbuffer. TensorFlow's own
+# `tf.lite.experimental.Analyzer(gpu_compatibility=True)` passes files that have them.
+GPU_DELEGATE_PITFALLS = {
+    "transposed_batch_matmul": "BATCH_MATMUL with adj_x or adj_y set: the GPU delegate ignores the flags and "
+                               "computes wrong numbers (LiteRT issue 8913)",
+    "broadcast_to": "BROADCAST_TO: one such op makes the GPU delegate refuse the whole model (LiteRT issue 9191)",
+    "gather_nd": "GATHER_ND: not supported by the GPU delegate (litert-torch issue 925)",
+    "rank_over_4": "tensors of rank 5 or more: refused by the GPU delegate (LiteRT issue 2540)",
+}
+
+
+def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
+    """{pitfall: count} of the `GPU_DELEGATE_PITFALLS` in a `.tflite` file's main subgraph (none: {}): a static
+    check, not a run on a GPU."""
+    model = schema.Model.GetRootAs(Path(path).read_bytes(), 0)
+    graph = model.Subgraphs(0)
+    found = collections.Counter()
+    wide = set()
+    for i in range(graph.OperatorsLength()):
+        op = graph.Operators(i)
+        name = _BUILTIN_NAMES.get(builtin_code(model.OperatorCodes(op.OpcodeIndex())), "")
+        if name == "BATCH_MATMUL":
+            options, table = schema.BatchMatMulOptions(), op.BuiltinOptions()
+            options.Init(table.Bytes, table.Pos)
+            found["transposed_batch_matmul"] += bool(options.AdjX() or options.AdjY())
+        found["broadcast_to"] += name == "BROADCAST_TO"
+        found["gather_nd"] += name == "GATHER_ND"
+        wide.update(t for t in (*op.InputsAsNumpy(), *op.OutputsAsNumpy())
+                    if t >= 0 and graph.Tensors(t).ShapeLength() > 4)
+    found["rank_over_4"] = len(wide)
+    return {pitfall: count for pitfall, count in found.items() if count}
+
+
 def float_ops(path: str | os.PathLike) -> list[str]:
     """Compute ops that take float32 tensors (besides the (de)quantize ops at their edges)."""
     return sorted({op.name for op in _ops(path)
@@ -212,6 +245,7 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
         "reference_classes_predicted": int(len(np.unique(reference.argmax(-1)))),
         "non_builtin_ops": non_builtin_ops(path),
         "float_ops": float_ops(path),
+        "gpu_delegate_pitfalls": gpu_delegate_pitfalls(path) if mode in MAX_ABS_DIFF else None,
     }
     result["refused"] = mode in INT8_MODES and result["top1_drop"] > max_top1_drop
     result["sensitive_layers"] = None  # ranked by `export_tflite` for a refused mode only: the debugger is slow
@@ -401,6 +435,11 @@ def markdown_report(report: dict[str, Any]) -> str:
                          "in int8.")
         if r["refused"]:
             lines.append(f"Refused {_refusal(r, report['thresholds']['max_top1_drop'])}.")
+        if r.get("gpu_delegate_pitfalls"):
+            found = "; ".join(f"{GPU_DELEGATE_PITFALLS[name]}: {count}"
+                              for name, count in r["gpu_delegate_pitfalls"].items())
+            lines.append(f"Not for LiteRT's GPU delegate as it is: {r['mode']} has {found} (a check of the file, not "
+                         "a run on a GPU).")
     return "\n".join(lines) + "\n"
 
 

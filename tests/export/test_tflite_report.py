@@ -91,6 +91,9 @@ def test_op_coverage_unknown_without_the_private_listing(how, tmp_path, monkeypa
     assert result["ops_outside_delegate"] is None and result["delegate_partitions"] is None
     assert result["ops_total"] > 50 and result["non_builtin_ops"] == [] and result["passed"]
     assert f"| unknown (of {result['ops_total']}) |" in (tmp_path / "report.md").read_text()
+    assert result["gpu_delegate_pitfalls"]["transposed_batch_matmul"] == TINY_VIT["num_layers"]
+    assert "Not for LiteRT's GPU delegate as it is: float32 has BATCH_MATMUL with adj_x or adj_y set" in \
+        (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
@@ -408,3 +411,15 @@ def test_files_are_converted_from_the_head_rows_twin(tmp_path):
     classifier = tflite.LiteRTClassifier(path)
     np.testing.assert_allclose(np.stack([classifier(image) for image in images]),
                                model_io.with_pixel_input(model).predict(images, verbose=0), atol=1e-5)
+
+    # What LiteRT's GPU delegate would get wrong: q k^T of each block as a BATCH_MATMUL with adj_y, and the
+    # patchify's (batch, rows, p, columns, p, channels) tensors; counted again here through flatbuffers' object API.
+    transposed = [op for name, op in zip(names, graph.operators)
+                  if name == "BATCH_MATMUL" and (op.builtinOptions.adjX or op.builtinOptions.adjY)]
+    wide = {t for op in graph.operators for t in (*op.inputs, *op.outputs)
+            if t >= 0 and len(graph.tensors[t].shape) > 4}
+    assert len(transposed) == TINY_VIT["num_layers"] and wide
+    assert tflite.gpu_delegate_pitfalls(path) == {"transposed_batch_matmul": len(transposed), "rank_over_4": len(wide)}
+    dense = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(2)])
+    plain = tflite.convert(dense, tmp_path / "dense.tflite", "float32", pixel_input=False)
+    assert tflite.gpu_delegate_pitfalls(plain) == {}
