@@ -24,6 +24,7 @@ How each mode is converted (the converter's settings, the int8 quantizations) is
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import tempfile
@@ -42,8 +43,8 @@ from keras_vit import datasets
 from keras_vit.atomic import atomic_write
 
 from . import ALL_MODES, data, model_io
-from .tflite_conversion import (INT8_CPU_FLOAT_OPS, MIXED_INT8_OPS, _BUILTIN_NAMES, available_modes, builtin_code,
-                                conversion_source, convert, sensitive_layers)
+from .tflite_conversion import (GPU_DELEGATE_MODES, INT8_CPU_FLOAT_OPS, MIXED_INT8_OPS, _BUILTIN_NAMES,
+                                available_modes, builtin_code, conversion_source, convert, sensitive_layers)
 
 # Max abs difference of the probabilities allowed per mode; the int8 modes are held to `max_top1_drop` instead.
 MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
@@ -364,9 +365,12 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
     reference = model_io.with_pixel_input(model).predict(evaluation, verbose=0, batch_size=32)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with conversion_source(model) as saved_model_dir:  # one SavedModel for every mode
-        results = [_export_mode(model, saved_model_dir, out, mode, calibration, reference, evaluation,
-                                evaluation_labels, max_top1_drop) for mode in modes]
+    with contextlib.ExitStack() as stack:  # one SavedModel for the float modes and one for the int8 modes
+        sources = {}
+        for gpu_form in sorted({mode in GPU_DELEGATE_MODES for mode in modes}):
+            sources[gpu_form] = stack.enter_context(conversion_source(model, gpu_delegate=gpu_form))
+        results = [_export_mode(model, sources[mode in GPU_DELEGATE_MODES], out, mode, calibration, reference,
+                                evaluation, evaluation_labels, max_top1_drop) for mode in modes]
     report = {"model": model.name, "input_size": list(model_io.image_size(model)),
               "calibration_images": len(calibration),
               "images": {"source": source, "yours": source in ("given", "directory")},

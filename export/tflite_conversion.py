@@ -24,6 +24,7 @@ from ai_edge_litert import schema_py_generated as schema
 
 from keras_vit import _tf_internals
 from keras_vit.head_rows import head_rows_model
+from keras_vit.kernels import scope
 
 from . import ALL_MODES, model_io
 
@@ -34,6 +35,10 @@ MIXED_INT8_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D")
 # takes 1.45 ms at 1 and at 2 threads, the float32 one with its (de)quantize 0.32 / 0.16 ms: RESULTS.md, run S).
 INT8_CPU_FLOAT_OPS = ("SOFTMAX", "GELU")
 SENSITIVE_LAYERS = 3  # tensors named when a mode is refused
+# The modes traced for LiteRT's GPU delegate (`conversion_source(gpu_delegate=True)`), which runs float files: q k^T
+# transposes K with an op of its own (the delegate ignores BATCH_MATMUL's adj_y). The int8 modes keep the flag,
+# which XNNPACK's int8 BATCH_MATMUL runs without a transpose.
+GPU_DELEGATE_MODES = ("float32", "float16")
 # Ops whose int8 output shares its input's scale and zero point: a range set on one end holds for the other.
 SAME_SCALE_OPS = ("RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS", "UNPACK", "SPLIT", "SLICE", "STRIDED_SLICE")
 _BUILTIN_NAMES = {code: name for name, code in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
@@ -77,23 +82,26 @@ def converter_options(mode: str, calibration: np.ndarray | None = None) -> dict[
 
 
 @contextlib.contextmanager
-def conversion_source(model: keras.Model, pixel_input: bool = True) -> Iterator[str]:
-    """The SavedModel that every mode of `model` is converted from, written once into a temporary folder (its
-    path), removed on exit: `model` at batch 1, taking [0, 255] pixels through the model's preprocessing, or with
+def conversion_source(model: keras.Model, pixel_input: bool = True, gpu_delegate: bool = False) -> Iterator[str]:
+    """The SavedModel that modes of `model` are converted from, written once into a temporary folder (its path),
+    removed on exit: `model` at batch 1, taking [0, 255] pixels through the model's preprocessing, or with
     `pixel_input=False` the model's own input (any Keras image model). What is written is
     `keras_vit.head_rows_model(model)`: the same outputs, the last encoder block computing only the rows the head
-    reads (for a model that is not a keras_vit classifier on a token, `model` itself)."""
+    reads (for a model that is not a keras_vit classifier on a token, `model` itself). With `gpu_delegate`, traced
+    for LiteRT's GPU delegate (`keras_vit.kernels.scope.for_gpu_delegate`): the float modes' form
+    (`GPU_DELEGATE_MODES`)."""
     twin = head_rows_model(model)
     pixel_model = model_io.with_pixel_input(twin, model_io.preprocessing_config(model)) if pixel_input else twin
     height, width = model_io.image_size(model) if pixel_input else model.input_shape[1:3]
     # Keras' ExportArchive to a SavedModel, then TensorFlow's converter: what `Model.export(format="litert")`
     # does from Keras 3.12, on every Keras release this package supports.
     with tempfile.TemporaryDirectory() as saved_model_dir:
-        archive = keras.export.ExportArchive()
-        archive.track(pixel_model)
-        archive.add_endpoint("serve", functools.partial(pixel_model.__call__, training=False),
-                             input_signature=[tf.TensorSpec((1, height, width, 3), tf.float32, name="image")])
-        archive.write_out(saved_model_dir, verbose=False)
+        with scope.for_gpu_delegate() if gpu_delegate else contextlib.nullcontext():  # wherever TensorFlow traces
+            archive = keras.export.ExportArchive()
+            archive.track(pixel_model)
+            archive.add_endpoint("serve", functools.partial(pixel_model.__call__, training=False),
+                                 input_signature=[tf.TensorSpec((1, height, width, 3), tf.float32, name="image")])
+            archive.write_out(saved_model_dir, verbose=False)
         yield saved_model_dir
 
 
@@ -101,7 +109,7 @@ def conversion_source(model: keras.Model, pixel_input: bool = True) -> Iterator[
 def _converter(model: keras.Model, options: dict[str, Any], pixel_input: bool = True,
                source: str | None = None) -> Iterator[tf.lite.TFLiteConverter]:
     """A TFLiteConverter with `options` (`converter_options`) of `source`, a `conversion_source` of `model`
-    (written here where None is given)."""
+    (written here where None is given, in the int8 modes' form)."""
     with contextlib.ExitStack() as stack:
         if source is None:
             source = stack.enter_context(conversion_source(model, pixel_input))
@@ -120,9 +128,13 @@ def convert(model: keras.Model, path: str | os.PathLike, mode: str, calibration:
             pixel_input: bool = True, source: str | None = None) -> Path:
     """Writes `model` (taking [0, 255] pixels, batch 1; its own input with `pixel_input=False`) as a `.tflite`
     file in `mode`, the int8 modes calibrated on `calibration` (inputs as the file takes them). `source`: the
-    model's `conversion_source`, where one is open for several modes (written here otherwise)."""
+    model's `conversion_source` in `mode`'s form (`gpu_delegate=mode in GPU_DELEGATE_MODES`), where one is open for
+    several modes (written here otherwise)."""
     options = converter_options(mode, calibration)
-    with _converter(model, options, pixel_input, source) as converter:
+    with contextlib.ExitStack() as stack:
+        if source is None:
+            source = stack.enter_context(conversion_source(model, pixel_input, mode in GPU_DELEGATE_MODES))
+        converter = stack.enter_context(_converter(model, options, pixel_input, source))
         if mode == "mixed_int8":
             flatbuffer = _mixed_int8(converter, options["representative_dataset"])
         elif mode in ("int8", "int8_cpu"):

@@ -31,7 +31,8 @@ probes against the portable ops):
 
 Exports trace with the scope off. `served_on("eigen")` (an export's `serving_kernels`) writes the tanh GELU in
 fewer ops and the attention head by head for a TensorFlow that serves on Eigen; the default, "onednn", keeps the
-forms oneDNN fuses and batches.
+forms oneDNN fuses and batches. `scope.for_gpu_delegate()` (the float LiteRT files) writes q k^T with a transpose op
+of its own, which LiteRT's GPU delegate computes correctly (it ignores BATCH_MATMUL's transpose flags).
 
 Quantized layers (`model.quantize(...)`) take Keras' own quantized path, not these primitives; LoRA layers
 (`enable_lora`) go through them with their merged kernel, and blocks holding either are not XLA-compiled.
@@ -81,8 +82,9 @@ def projections(x, kernels: Sequence, biases: Sequence) -> list:
 
 def batch_matmul(a, b, transpose_b: bool = False):
     """a @ b (a @ b^T with `transpose_b`) over the last two axes, leading axes batched; with
-    `transpose_b` no transpose op appears in the forward or backward graph."""
-    if keras.backend.backend() != "tensorflow":
+    `transpose_b` no transpose op appears in the forward or backward graph, except in a graph traced for LiteRT's
+    GPU delegate (`scope.for_gpu_delegate`), which ignores BATCH_MATMUL's transpose flags."""
+    if keras.backend.backend() != "tensorflow" or scope.gpu_delegate():
         return ops.matmul(a, ops.swapaxes(b, -1, -2) if transpose_b else b)
     import tensorflow as tf
     if a.dtype == tf.float32 and active().onednn_batch_matmul:
@@ -110,9 +112,12 @@ class AttentionKernel:
 
     def fused(self, training) -> bool:
         """Whether this call takes `fused_attention`. The one thing left to the trace is the export's request:
-        a graph traced for Eigen serving (`served_on("eigen")`) computes inference head by head."""
+        a graph traced for Eigen serving (`served_on("eigen")`) computes inference head by head, and one traced for
+        LiteRT's GPU delegate (`scope.for_gpu_delegate`) takes the explicit matmuls."""
         if training:
             return self.in_training
+        if scope.gpu_delegate():
+            return False
         return self.in_inference or (keras.backend.backend() == "tensorflow" and scope.serving_kernels() == "eigen")
 
 

@@ -2,7 +2,8 @@
 
 `keras_vit.ViTModel` turns it on in its `train_step` (mode "training") and in its `test_step` and
 `predict_step` (mode "inference"); everything else (calls, exports, your own `tf.function`) traces
-with it off, on the portable ops. `served_on` names the kernels of the TensorFlow that will serve an export.
+with it off, on the portable ops. `served_on` names the kernels of the TensorFlow that will serve an export, and
+`for_gpu_delegate` traces a LiteRT file for the GPU delegate.
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ def served_on(kernels: str):
     check_serving_kernels(kernels)
     with _holding("serving", kernels):
         yield
+
+
+@contextlib.contextmanager
+def for_gpu_delegate():
+    """Traces a graph for LiteRT's GPU delegate: no op form it ignores or refuses (`kernels.batch_matmul` transposes
+    its right operand with an op of its own, not BATCH_MATMUL's adj_y flag, which the delegate ignores)."""
+    with _holding("gpu_delegate", "on"):
+        yield
+
+
+def gpu_delegate() -> bool:
+    """Whether `for_gpu_delegate` is entered on this thread."""
+    return getattr(_state, "gpu_delegate", None) == "on"
 
 
 def serving_kernels() -> str:

@@ -46,8 +46,10 @@ def extract_patches(images, patch_size: tuple[int, int]):
     """
     (ph, pw), channels = patch_size, images.shape[-1]
     gh, gw = patch_grid(images, patch_size)
-    x = ops.reshape(images, (-1, gh, ph, gw, pw, channels))
-    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+    # (B gh, ph, gw, pw C) -> (B gh, gw, ph, pw C): tensors of rank 4 at most, which every LiteRT delegate takes
+    # (the GPU delegate refuses rank 5 and over).
+    x = ops.reshape(images, (-1, ph, gw, pw * channels))
+    x = ops.transpose(x, (0, 2, 1, 3))
     return ops.reshape(x, (-1, gh * gw, ph * pw * channels))
 
 
