@@ -27,7 +27,7 @@ from keras_vit.atomic import atomic_write, check_free_space, variables_bytes
 from keras_vit.vit_model import model_input_signature
 
 from . import model_io
-from .saved_model import next_version
+from .saved_model import version_folder
 
 ONNX_FILE = "model.onnx"
 REPORT_FILE = "keras_vit_onnx.json"
@@ -114,14 +114,7 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
                           "pip install \"keras_vit[onnx]\"")
     import onnxruntime
 
-    base = Path(base_dir)
-    version = next_version(base) if version is None else version
-    if not isinstance(version, int) or version < 1:
-        raise ValueError(f"`version` must be a positive int. Received: version={version!r}")
-    target = base / str(version)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"Version directory {target} already exists. Pass overwrite=True (--overwrite) "
-                              f"to replace it, or choose another version (next free: {next_version(base)}).")
+    base, version, target = version_folder(base_dir, version, overwrite)
     pixel_model = model_io.with_pixel_input(model)
     (spec,) = model_input_signature(pixel_model)
     spec = keras.InputSpec(shape=spec.shape, dtype="float32", name=INPUT_NAME)

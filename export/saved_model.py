@@ -39,6 +39,21 @@ def next_version(base_dir: str | os.PathLike) -> int:
     return max(versions, default=0) + 1
 
 
+def version_folder(base_dir: str | os.PathLike, version: int | None, overwrite: bool) -> tuple[Path, int, Path]:
+    """(base folder, version, `<base>/<version>`) of an export: `version` defaults to the next free one; raises
+    ValueError for a version that is not a positive int, FileExistsError for an existing folder unless
+    `overwrite`."""
+    base = Path(base_dir)
+    version = next_version(base) if version is None else version
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"`version` must be a positive int. Received: version={version!r}")
+    target = base / str(version)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"Version directory {target} already exists. Pass overwrite=True (--overwrite) "
+                              f"to replace it, or choose another version (next free: {next_version(base)}).")
+    return base, version, target
+
+
 def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, version: int | None = None,
                        overwrite: bool = False, top_k: int = 5, class_names: Sequence[str] | None = None,
                        max_pixels: int = serving.DEFAULT_MAX_PIXELS,
@@ -78,14 +93,7 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
     null), `serving_kernels` and `image_group` (the images run at a time; null: the whole request) are recorded in
     `assets.extra/keras_vit_export.json`.
     """
-    base = Path(base_dir)
-    version = next_version(base) if version is None else version
-    if not isinstance(version, int) or version < 1:
-        raise ValueError(f"`version` must be a positive int. Received: version={version!r}")
-    target = base / str(version)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"Version directory {target} already exists. Pass overwrite=True (--overwrite) "
-                              f"to replace it, or choose another version (next free: {next_version(base)}).")
+    base, version, target = version_folder(base_dir, version, overwrite)
     archive = serving.serving_archive(model, top_k=top_k, class_names=class_names, max_pixels=max_pixels,
                                       max_batch=max_batch, signatures=signatures, feature_blocks=feature_blocks,
                                       embedding=embedding, l2_normalize=l2_normalize,
