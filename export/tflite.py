@@ -246,7 +246,7 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
         "reference_classes_predicted": int(len(np.unique(reference.argmax(-1)))),
         "non_builtin_ops": non_builtin_ops(path),
         "float_ops": float_ops(path),
-        "gpu_delegate_pitfalls": gpu_delegate_pitfalls(path) if mode in MAX_ABS_DIFF else None,
+        "gpu_delegate_pitfalls": gpu_delegate_pitfalls(path) if mode in GPU_DELEGATE_MODES else None,
     }
     result["refused"] = mode in INT8_MODES and result["top1_drop"] > max_top1_drop
     result["sensitive_layers"] = None  # ranked by `export_tflite` for a refused mode only: the debugger is slow
