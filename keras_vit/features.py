@@ -135,8 +135,8 @@ class _AttentionProbe(keras.layers.Layer):
         super().__init__(name=f"{block.name}_attention", dtype=block.dtype_policy, **kwargs)
         self.block = block
 
-    def call(self, x, training=None):
-        return self.block(x, training=training, return_attention_scores=True)
+    def call(self, x, training=None, rotary=None):
+        return self.block(x, training=training, return_attention_scores=True, rotary=rotary)
 
 
 def attention_model(model: keras.Model) -> keras.Model:

@@ -226,10 +226,16 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
     x = keras.layers.Dropout(config.dropout_rate, name="dropout")(x)
     if config.norm_pre:
         x = LayerNormalization(epsilon=config.layer_norm_epsilon, name="norm_pre")(x)
+    rotary = {}
+    if config.position_embedding == "rope":  # the angles of q and k, from each image's own patch grid
+        rotary["rotary"] = vit_layers.RotaryPositionEmbedding(
+            config.hidden_dim // config.num_heads, config.stride, config.num_prefix_tokens, config.rope_theta,
+            config.rope_shift, config.rope_jitter, config.rope_rescale, name="rope")(image)
     block_arguments = config.arguments_of(vit_layers.TransformerBlock)
     for i in range(config.num_layers):
         rate = config.drop_path_rate * i / max(config.num_layers - 1, 1)  # rising linearly over the blocks
-        x = vit_layers.TransformerBlock(**dict(block_arguments, drop_path_rate=rate), name=f"encoderblock_{i}")(x)
+        x = vit_layers.TransformerBlock(**dict(block_arguments, drop_path_rate=rate), name=f"encoderblock_{i}")(
+            x, **rotary)
     if not config.fc_norm:
         x = LayerNormalization(epsilon=config.layer_norm_epsilon, name="encoder_norm")(x)
     if not include_top and pooling is None:
@@ -310,8 +316,15 @@ Args:
         head (the ImageNet-21k pre-training head). Defaults to `None`: no such layer, except
         that pretrained weights whose head is loaded (`include_top=True` and the checkpoint's
         `classes`) bring their own (e.g. `weights="imagenet21k"`, 21843 classes).
-    position_embedding: `"learned"`, `"learned_2d"`, `"sincos_2d"` or `"none"`.
-        Defaults to `"learned"`.
+    position_embedding: `"learned"`, `"learned_2d"`, `"sincos_2d"`, `"none"` or `"rope"` (no table: q and k of
+        the patch tokens rotated by their positions, DINOv3's `RotaryPositionEmbedding`, from each image's own grid).
+        Defaults to `"learned"` (that of `weights=` a DINOv3 file: `"rope"`).
+    rope_theta: float. The base period of `"rope"`'s frequencies, theta ** (-4 j / head_dim). Defaults to `100.0`
+        (DINOv3's; a DINOv3 file's config.json fixes it).
+    rope_shift, rope_jitter, rope_rescale: optional floats. DINOv3's train-time augmentations of the rotary
+        coordinates (shift in [-shift, shift]; log-uniform scale per axis in [1 / jitter, jitter]; one for both
+        axes in [1 / rescale, rescale]), in training only. Default to `None` (off; a DINOv3 file's, e.g.
+        `rope_rescale=2.0`).
     position_resampling: how a model of any input size (`input_shape=(None, None, 3)`) fits its table to each
         image's grid: `"linear_corners"` (the original's), `"bicubic"` (transformers') or `"bicubic_antialias"`
         (timm's). Defaults to that of `weights=` a timm or Hugging Face file, else `"linear_corners"`; the
@@ -319,9 +332,11 @@ Args:
     dropout_rate: float. Dropout after the position embedding, attention and in the MLP.
     attention_dropout_rate: float. Dropout on attention weights.
     drop_path_rate: float. Stochastic depth, rising linearly from 0 to this rate over the blocks.
-    Options of the ViT family (DeiT-III, DINOv2, CLIP; timm's names in brackets):
-    activation: optional `"gelu"` (as `gelu_approximate` says) or `"quick_gelu"` (OpenAI CLIP). Defaults to
-        `None`: as `layer_norm_epsilon`, the checkpoint's, else `"gelu"`.
+    Options of the ViT family (DeiT-III, DINOv2, DINOv3, CLIP; timm's names in brackets):
+    activation: optional `"gelu"` (as `gelu_approximate` says), `"quick_gelu"` (OpenAI CLIP) or `"silu"`
+        (DINOv3 H+ / 7B). Defaults to `None`: as `layer_norm_epsilon`, the checkpoint's, else `"gelu"`.
+    gated_mlp: bool. The SwiGLU MLP, `Dense_1(act(Dense_gate(x)) * Dense_0(x))` (`use_gated_mlp`: DINOv3 H+ /
+        7B). Defaults to `False` (that of `weights=` a file with a gate).
     layer_scale_init: optional float. Per-channel learned scales of every residual branch, starting at
         this value (`init_values`). Defaults to `None`: none.
     qk_norm: bool. LayerNorm each head's q and k (`qk_norm`). Defaults to `False`.

@@ -36,8 +36,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 ARCHITECTURE = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers")
 CLASSIFIERS = ("token", "gap", "map")
-POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
-ACTIVATIONS = ("gelu", "quick_gelu")
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none", "rope")
+ACTIVATIONS = ("gelu", "quick_gelu", "silu")
 RESIZE_MODES = ("squash", "shortest_edge")
 # How a position table is resized to another grid (`keras_vit.checkpoints.resample`): the original's linear rule
 # (.npz), PyTorch's bicubic (transformers), bicubic with antialiasing (timm).
@@ -69,7 +69,11 @@ class ViTConfig:
     resnet_stages: tuple[int, ...] | None = None
     # Tokens, pooling and head.
     classifier: str = "token"
-    position_embedding: str = "learned"
+    position_embedding: str = "learned"  # "rope": no table; q and k rotated (`RotaryPositionEmbedding`)
+    rope_theta: float = 100.0  # RoPE's base period (DINOv3's)
+    rope_shift: float | None = None  # RoPE's train-time augmentations of the patch coordinates (DINOv3's
+    rope_jitter: float | None = None  # pos_embed_shift, _jitter, _rescale); training only
+    rope_rescale: float | None = None
     position_resampling: str = "linear_corners"  # the checkpoint's source's: a model of any size fits it so
     representation_size: int | None = None
     # Options of the ViT family (timm's names in brackets).
@@ -81,6 +85,7 @@ class ViTConfig:
     layer_scale_init: float | None = None  # [init_values] DeiT-III, DINOv2
     qk_norm: bool = False  # [qk_norm]
     fc_norm: bool = False  # [fc_norm]
+    gated_mlp: bool = False  # SwiGLU form: Dense_1(act(Dense_gate(x)) * Dense_0(x)) (DINOv3 H+ / 7B, EVA-02)
     # Numerics: the original's (vit_jax) by default.
     layer_norm_epsilon: float = 1e-6
     gelu_approximate: bool = True
@@ -110,6 +115,17 @@ class ViTConfig:
                              f"no_embed_class or fc_norm. Received: classifier={self.classifier!r}, "
                              f"num_register_tokens={self.num_register_tokens}, no_embed_class="
                              f"{self.no_embed_class}, fc_norm={self.fc_norm}")
+        if self.position_embedding == "rope" and (self.hidden_dim // self.num_heads) % 4:
+            raise ValueError(f"position_embedding='rope' needs a head size (hidden_dim / num_heads) divisible by 4 "
+                             f"(two axes, sine and cosine). Received: hidden_dim={self.hidden_dim}, "
+                             f"num_heads={self.num_heads}")
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
+            raise ValueError(f"rope_theta must be a positive number. Received: rope_theta={theta!r}")
+        for field, low in (("rope_shift", 0), ("rope_jitter", 1), ("rope_rescale", 1)):
+            value = getattr(self, field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < low):
+                raise ValueError(f"{field} must be None (off) or a number >= {low}. Received: {field}={value!r}")
 
     # --- derived quantities ---
     @property

@@ -22,14 +22,15 @@ from keras_vit.head_rows import head_rows_model
 from keras_vit.variants import PREPROCESSING_FIELDS, PreprocessingConfig, ViTConfig
 
 
-LORA_NAMES = ("query", "key", "value", "attention_output", "Dense_0", "Dense_1")
+LORA_NAMES = ("query", "key", "value", "attention_output", "Dense_0", "Dense_1", "Dense_gate")
 LORA_TARGETS = ("query", "value")
 
 
 def _block_projections(block: vit_layers.TransformerBlock) -> dict[str, keras.layers.Layer]:
     attention, mlp = block.attention, block.mlp
-    return dict(zip(LORA_NAMES, (attention.query_dense, attention.key_dense, attention.value_dense,
-                                 attention.output_dense, mlp.dense_0, mlp.dense_1)))
+    projections = zip(LORA_NAMES, (attention.query_dense, attention.key_dense, attention.value_dense,
+                                   attention.output_dense, mlp.dense_0, mlp.dense_1, mlp.dense_gate))
+    return {name: projection for name, projection in projections if projection is not None}  # a gate if gated
 
 
 class CpuKernelSteps:
@@ -114,9 +115,9 @@ class ViTModel(CpuKernelSteps, keras.Model):
         """Low-rank adaptation (Hu et al. 2021) of the encoder, as keras-hub's `Backbone.enable_lora`.
 
         Every weight is frozen except, in each encoder block, the projections named in `target_names`
-        (of `query`, `key`, `value`, `attention_output`, `Dense_0`, `Dense_1`), which Keras'
-        `enable_lora(rank)` gives a trainable rank-`rank` update of their frozen kernel (their bias stays
-        trainable, as in Keras). Defaults to the attention's query and value.
+        (of `query`, `key`, `value`, `attention_output`, `Dense_0`, `Dense_1`, and `Dense_gate` in a gated MLP),
+        which Keras' `enable_lora(rank)` gives a trainable rank-`rank` update of their frozen kernel (their bias
+        stays trainable, as in Keras). Defaults to the attention's query and value.
         """
         unknown = set(target_names) - set(LORA_NAMES)
         if unknown:

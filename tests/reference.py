@@ -49,35 +49,68 @@ def quick_gelu(x):
     return x / (1 + np.exp(-1.702 * x))
 
 
-def encoder_block(a, block: str, x, attention_scale=1.0, mlp_scale=1.0, *, eps=1e-6, gelu=gelu_tanh):
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def rope_tables(grid_size, head_dim: int, theta: float, num_prefix_tokens: int):
+    """DINOv3's 2-D rotary position embedding (the DINOv3 paper, Sec. 3; transformers' `DINOv3ViTRopePosition
+    Embedding`), float64: cos and sin of each token's angles, (prefix + rows * columns, head_dim). Patch centres
+    normalized to [-1, 1] per axis, (y, x); frequencies theta ** (-4 j / head_dim), j < head_dim / 4; angles
+    2 pi [y w, x w] twice over; the prefix tokens' angles 0."""
+    rows, columns = grid_size
+    y, x = np.meshgrid((np.arange(rows) + 0.5) / rows * 2 - 1, (np.arange(columns) + 0.5) / columns * 2 - 1,
+                       indexing="ij")
+    omega = theta ** -(np.arange(head_dim // 4) * 4 / head_dim)
+    angles = 2 * np.pi * np.concatenate([np.outer(y.ravel(), omega), np.outer(x.ravel(), omega)], axis=1)
+    angles = np.concatenate([np.zeros((num_prefix_tokens, head_dim // 2)), angles])
+    angles = np.concatenate([angles, angles], axis=1)
+    return np.cos(angles), np.sin(angles)
+
+
+def rotate(x, cos, sin):
+    """x cos + rotate_half(x) sin of (batch, tokens, heads, head_dim) x, rotate_half([a, b]) = [-b, a]."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:x.shape[1], None] + rotated * sin[:x.shape[1], None]
+
+
+def encoder_block(a, block: str, x, attention_scale=1.0, mlp_scale=1.0, *, eps=1e-6, gelu=gelu_tanh, rotary=None):
     """x + MHA(LN(x)), then + MLP(LN(.)) (GELU in its tanh form by default), for the block named `block`
     (e.g. "Transformer/encoderblock_0"). The residual branches are multiplied by `attention_scale`
     and `mlp_scale` (0 or 1 / keep rate under drop path), and by the layer scales `ls1/scale`, `ls2/scale`
-    where `a` has them; q and k are LayerNormed per head where `a` has `query_norm` / `key_norm`. Returns the
-    output and the attention weights."""
+    where `a` has them; q and k are LayerNormed per head where `a` has `query_norm` / `key_norm`, then rotated by
+    `rotary` ((cos, sin) of `rope_tables`) if given. Returns the output and the attention weights."""
     y = layer_norm(x, a[f"{block}/LayerNorm_0/scale"], a[f"{block}/LayerNorm_0/bias"], eps)
-    attended, weights = attention(a, f"{block}/MultiHeadDotProductAttention_1", y, y, eps)
+    attended, weights = attention(a, f"{block}/MultiHeadDotProductAttention_1", y, y, eps, rotary)
     x = x + attention_scale * a.get(f"{block}/ls1/scale", 1.0) * attended
     y = layer_norm(x, a[f"{block}/LayerNorm_2/scale"], a[f"{block}/LayerNorm_2/bias"], eps)
     return x + mlp_scale * a.get(f"{block}/ls2/scale", 1.0) * mlp(a, f"{block}/MlpBlock_3", y, gelu), weights
 
 
-def attention(a, m, queries, tokens, eps=1e-6):
+def attention(a, m, queries, tokens, eps=1e-6, rotary=None):
     """Multi-head attention `m` of `queries` over `tokens` (q/k LayerNormed per head where `a` has
-    `query_norm` / `key_norm`): (output, attention weights)."""
+    `query_norm` / `key_norm`, then rotated by `rotary`, (cos, sin), if given): (output, attention weights)."""
     q = np.einsum("btd,dhk->bthk", queries, a[f"{m}/query/kernel"]) + a[f"{m}/query/bias"]
     k, v = (np.einsum("btd,dhk->bthk", tokens, a[f"{m}/{n}/kernel"]) + a[f"{m}/{n}/bias"] for n in ("key", "value"))
     if f"{m}/query_norm/scale" in a:
         q = layer_norm(q, a[f"{m}/query_norm/scale"], a[f"{m}/query_norm/bias"], eps)
         k = layer_norm(k, a[f"{m}/key_norm/scale"], a[f"{m}/key_norm/bias"], eps)
+    if rotary is not None:
+        q, k = rotate(q, *rotary), rotate(k, *rotary)
     weights = softmax(np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1]))
     attended = np.einsum("bhqs,bshk->bqhk", weights, v)
     return np.einsum("bqhk,hkd->bqd", attended, a[f"{m}/out/kernel"]) + a[f"{m}/out/bias"], weights
 
 
 def mlp(a, m, x, gelu=gelu_tanh):
-    return gelu(x @ a[f"{m}/Dense_0/kernel"] + a[f"{m}/Dense_0/bias"]) @ a[f"{m}/Dense_1/kernel"] \
-        + a[f"{m}/Dense_1/bias"]
+    """Dense_1(act(Dense_0(x))); where `a` has `Dense_gate` (SwiGLU), Dense_1(act(Dense_gate(x)) * Dense_0(x))."""
+    hidden = x @ a[f"{m}/Dense_0/kernel"] + a[f"{m}/Dense_0/bias"]
+    if f"{m}/Dense_gate/kernel" in a:
+        hidden = gelu(x @ a[f"{m}/Dense_gate/kernel"] + a[f"{m}/Dense_gate/bias"]) * hidden
+    else:
+        hidden = gelu(hidden)
+    return hidden @ a[f"{m}/Dense_1/kernel"] + a[f"{m}/Dense_1/bias"]
 
 
 def map_head(a, x, eps=1e-6, gelu=gelu_tanh):
@@ -162,7 +195,7 @@ def _resnet(a, x, stages):
 
 
 def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6, gelu=gelu_tanh, pixels=True,
-               no_embed_class=False, block_outputs=None):
+               no_embed_class=False, block_outputs=None, rope_theta=None):
     """Logits of the released-layout checkpoint `arrays` on `images` at the images' resolution: pixels in
     [0, 255] mapped to [-1, 1] as the models' preprocessing does, or, with `pixels=False`, images already in
     [-1, 1]. `posemb_grid`: the (rows, columns) its position embedding was trained at, square by default;
@@ -174,7 +207,8 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     norm; the average of the patch tokens, then this norm), layer scale and q/k norms (`encoder_block`),
     no patch-embedding bias (CLIP), attention pooling (`MAPHead_0/...`: `map_head`);
     `no_embed_class`: the position embedding covers only the patches, the class token is prepended after.
-    `block_outputs`: a list that receives each encoder block's output tokens."""
+    `block_outputs`: a list that receives each encoder block's output tokens. `rope_theta`: no position table; q and
+    k rotated by DINOv3's rotary angles (`rope_tables`) of this base period."""
     a = {key: np.asarray(value, np.float64) for key, value in arrays.items()}
     x = images.astype(np.float64) / 127.5 - 1 if pixels else images.astype(np.float64)
     if resnet_stages:
@@ -183,7 +217,6 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     x = conv(x, a["embedding/kernel"], patch, "VALID") + a.get("embedding/bias", 0.0)  # CLIP has no bias
     gh, gw = x.shape[1:3]
     x = x.reshape(x.shape[0], gh * gw, -1)
-    posemb = a["Transformer/posembed_input/pos_embedding"][0]
     prefix = (1 if "cls" in a else 0) + ("dist_token" in a)
     embedded = 0 if no_embed_class else prefix
 
@@ -194,11 +227,13 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
         x = prepend(a["dist_token"], x)
     if embedded:
         x = prepend(a["cls"], x)
-    old = posemb_grid or (int(np.sqrt(len(posemb) - embedded)),) * 2
-    if tuple(old) != (gh, gw):
-        grid = zoom_linear(posemb[embedded:].reshape(*old, -1), gh, gw).reshape(gh * gw, -1)
-        posemb = np.concatenate([posemb[:embedded], grid])
-    x = x + posemb
+    if rope_theta is None:
+        posemb = a["Transformer/posembed_input/pos_embedding"][0]
+        old = posemb_grid or (int(np.sqrt(len(posemb) - embedded)),) * 2
+        if tuple(old) != (gh, gw):
+            grid = zoom_linear(posemb[embedded:].reshape(*old, -1), gh, gw).reshape(gh * gw, -1)
+            posemb = np.concatenate([posemb[:embedded], grid])
+        x = x + posemb
     registers = a.get("registers")
     if registers is not None:
         x = np.concatenate([x[:, :embedded], prepend(registers, x[:, embedded:])], axis=1)
@@ -207,8 +242,12 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     if "norm_pre/scale" in a:
         x = layer_norm(x, a["norm_pre/scale"], a["norm_pre/bias"], eps)
     num_blocks = len({key.split("/")[1] for key in a if key.startswith("Transformer/encoderblock_")})
+    rotary = None
+    if rope_theta is not None:
+        head_dim = a["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"].shape[-1]
+        rotary = rope_tables((gh, gw), head_dim, rope_theta, x.shape[1] - gh * gw)
     for i in range(num_blocks):
-        x, _ = encoder_block(a, f"Transformer/encoderblock_{i}", x, eps=eps, gelu=gelu)
+        x, _ = encoder_block(a, f"Transformer/encoderblock_{i}", x, eps=eps, gelu=gelu, rotary=rotary)
         if block_outputs is not None:
             block_outputs.append(x)
     if "fc_norm/scale" in a:

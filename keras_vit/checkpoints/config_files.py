@@ -59,10 +59,15 @@ def read_json(path: str) -> dict:
 HIDDEN_ACTIVATIONS = {"gelu": dict(activation="gelu", gelu_approximate=False),
                       "gelu_pytorch_tanh": dict(activation="gelu", gelu_approximate=True),
                       "gelu_new": dict(activation="gelu", gelu_approximate=True),
-                      "quick_gelu": dict(activation="quick_gelu", gelu_approximate=False)}
+                      "quick_gelu": dict(activation="quick_gelu", gelu_approximate=False),
+                      "silu": dict(activation="silu", gelu_approximate=False)}
 # config.json keys that describe what the weights' shapes also say; a contradiction is an error (reader).
 HF_ARCHITECTURE = {"hidden_size": "hidden_dim", "intermediate_size": "mlp_dim", "num_hidden_layers": "num_layers",
                    "patch_size": "patch_size"}
+# `DINOv3ViTConfig` keys -> `ViTConfig` fields: its rotary positions (the pos_embed_* augmentations act in training
+# only) and its MLP's form.
+HF_DINOV3_OPTIONS = {"rope_theta": "rope_theta", "pos_embed_shift": "rope_shift", "pos_embed_jitter": "rope_jitter",
+                     "pos_embed_rescale": "rope_rescale", "use_gated_mlp": "gated_mlp"}
 
 
 def read_hf_config(files: Beside, layout: str | None = None) -> dict | None:
@@ -72,7 +77,8 @@ def read_hf_config(files: Beside, layout: str | None = None) -> dict | None:
     Returns `layer_norm_epsilon`, `activation`, `gelu_approximate`, `num_heads`, the architecture fields of
     `HF_ARCHITECTURE` and `image_size` (the model's input side, not a `ViTConfig` field) for the keys the file sets
     (a `CLIPModel` / `SiglipModel` config: those of its `vision_config`). For `layout` DINOv2, the MLP width is
-    `mlp_ratio` times the width, as `Dinov2Config` builds it.
+    `mlp_ratio` times the width, as `Dinov2Config` builds it; for DINOv3, the fields of
+    `HF_DINOV3_OPTIONS` too.
 
     Raises:
         ValueError: an unreadable file, or a `hidden_act` keras_vit does not implement.
@@ -97,6 +103,8 @@ def read_hf_config(files: Beside, layout: str | None = None) -> dict | None:
         found.pop("mlp_dim", None)
         if isinstance(config.get("hidden_size"), int) and isinstance(config.get("mlp_ratio", 4), (int, float)):
             found["mlp_dim"] = int(config["hidden_size"] * config.get("mlp_ratio", 4))
+    if layout == torch_layout.HF_DINOV3:
+        found.update({field: config[key] for key, field in HF_DINOV3_OPTIONS.items() if key in config})
     size = config.get("image_size")
     if isinstance(size, int) and not isinstance(size, bool) and size > 0:
         found["image_size"] = size

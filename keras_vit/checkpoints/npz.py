@@ -138,7 +138,7 @@ KEY_TABLE: tuple[tuple[str, str, Callable[[np.ndarray], np.ndarray]], ...] = (
      r"\1/MultiHeadDotProductAttention_1/\2/\3", _as_is),
     (_BLOCK + r"/MultiHeadDotProductAttention_1/out/(kernel|bias)",
      r"\1/MultiHeadDotProductAttention_1/attention_output/\2", _as_is),
-    (_BLOCK + r"/MlpBlock_3/(Dense_[01])/(kernel|bias)", r"\1/MlpBlock_3/\2/\3", _as_is),
+    (_BLOCK + r"/MlpBlock_3/(Dense_[01]|Dense_gate)/(kernel|bias)", r"\1/MlpBlock_3/\2/\3", _as_is),
     # The ViT family's options (keras_vit's names; the original has none of these):
     (_BLOCK + r"/(ls[12])/scale", r"\1/\2/gamma", _as_is),
     (_BLOCK + r"/MultiHeadDotProductAttention_1/(query_norm|key_norm)/scale",

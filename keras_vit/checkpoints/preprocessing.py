@@ -38,6 +38,7 @@ PROCESSOR_TYPES = {
     "CLIPImageProcessor": False, "CLIPFeatureExtractor": False,
     "SiglipImageProcessor": True,
     "BitImageProcessor": False,  # DINOv2
+    "DINOv3ViTImageProcessor": True,  # Fast only: it rescales to [0, 1] before its resize, in float as keras_vit's
 }
 # PIL's resampling codes, as `resample` stores them, -> tf.image.resize methods (4 BOX and 5 HAMMING: none).
 PIL_RESAMPLE = {0: "nearest", 1: "lanczos3", 2: "bilinear", 3: "bicubic"}

@@ -9,8 +9,9 @@ A state dict's layout is detected from its keys:
   (`[vit.|deit.]embeddings...`, `encoder.layer.N.attention.attention.query...`), `Dinov2Model` and
   `Dinov2WithRegistersModel` (`encoder.layer.N.norm1`, `layer_scale1.lambda1`), `CLIPVisionModel`
   (`vision_model.embeddings.class_embedding`, `encoder.layers.N.self_attn.q_proj`, `pre_layrnorm`) and
-  `SiglipVisionModel` (the same without a class token, with `head.probe`). The image tower of a whole
-  `CLIPModel` / `SiglipModel` file is read; its text tower is ignored.
+  `SiglipVisionModel` (the same without a class token, with `head.probe`), `DINOv3ViTModel`
+  (`layer.N.attention.q_proj`, `layer.N.mlp.up_proj` / `gate_proj`, no position table: rotary positions). The image
+  tower of a whole `CLIPModel` / `SiglipModel` file is read; its text tower is ignored.
 
 Its tensors are translated into the original `.npz` key layout (Linear (out, in) -> (in, out),
 convolution (out, in, kh, kw) -> (kh, kw, in, out), fused or separate query/key/value -> (D,
@@ -25,7 +26,8 @@ error.
 Not supported, and refused with an error naming the keys that show them (`check_supported`): timm's
 `scale_attn_norm` / `scale_mlp_norm`, a patch-embedding norm, attention pooling with more than one latent or
 its own position embedding; Hugging Face DINOv2's SwiGLU MLP and its classifier on [class token, mean patch
-token].
+token], and a classifier on a DINOv3 backbone. DINOv3's Linears without a bias (`key_bias=False`, and any other
+`*_bias=False` its config sets) load as zero biases (`translate`): the same function.
 """
 
 from __future__ import annotations
@@ -43,20 +45,24 @@ HUGGING_FACE = "huggingface"  # ViT and DeiT
 HF_DINOV2 = "huggingface-dinov2"
 HF_CLIP = "huggingface-clip"
 HF_SIGLIP = "huggingface-siglip"
-HF_LAYOUTS = (HUGGING_FACE, HF_DINOV2, HF_CLIP, HF_SIGLIP)
+HF_DINOV3 = "huggingface-dinov3"
+HF_LAYOUTS = (HUGGING_FACE, HF_DINOV2, HF_CLIP, HF_SIGLIP, HF_DINOV3)
 # How each source resizes its position table (`resample`'s docstring names the code): the loader, and the run-time
 # fit of a model of any input size (`ViTConfig.position_resampling`), use it.
 POSITION_RESAMPLING = {TIMM: resample.BICUBIC_ANTIALIAS, **{layout: resample.BICUBIC for layout in HF_LAYOUTS}}
 # The prefixes of the Hugging Face models' backbone keys (heads such as `classifier.` have none).
 _HF_PREFIXES = ("vit.", "deit.", "dinov2.", "vision_model.")
 
-# Each layout's numerics where the file does not say (the model classes' defaults; timm: its ViT's).
+# Each layout's numerics where the file does not say (the model classes' defaults; timm: its ViT's), and DINOv3's
+# rotary positions (`DINOv3ViTConfig`'s defaults).
 NUMERICS: dict[str, dict] = {
     TIMM: dict(layer_norm_epsilon=1e-6, gelu_approximate=False, activation="gelu"),
     HUGGING_FACE: dict(layer_norm_epsilon=1e-12, gelu_approximate=False, activation="gelu"),
     HF_DINOV2: dict(layer_norm_epsilon=1e-6, gelu_approximate=False, activation="gelu"),
     HF_CLIP: dict(layer_norm_epsilon=1e-5, gelu_approximate=False, activation="quick_gelu"),
     HF_SIGLIP: dict(layer_norm_epsilon=1e-6, gelu_approximate=True, activation="gelu"),
+    HF_DINOV3: dict(layer_norm_epsilon=1e-5, gelu_approximate=False, activation="gelu", position_embedding="rope",
+                    rope_theta=100.0, rope_rescale=2.0),
 }
 
 
@@ -75,6 +81,8 @@ def detect_layout(keys: Sequence[str]) -> str:
     if "patch_embed.proj.weight" in keys or any(key.startswith("blocks.") for key in keys):
         return TIMM
     plain = _plain_keys(keys)
+    if any(re.fullmatch(r"layer\.\d+\.attention\.q_proj\.weight", key) for key in plain):
+        return HF_DINOV3
     if any(key.startswith("encoder.layers.") for key in plain):
         return HF_CLIP if "embeddings.class_embedding" in plain else HF_SIGLIP
     if any(re.fullmatch(r"encoder\.layer\.\d+\.norm1\.weight", key) for key in plain):
@@ -87,7 +95,8 @@ def detect_layout(keys: Sequence[str]) -> str:
                      "Hugging Face ViT / DeiT ('[vit.]embeddings.patch_embeddings.projection.weight', "
                      "'[vit.]encoder.layer.N.attention.attention.query.weight', ...), DINOv2 "
                      "('encoder.layer.N.norm1.weight', ...), CLIP and SigLIP vision models "
-                     "('vision_model.encoder.layers.N.self_attn.q_proj.weight', ...).")
+                     "('vision_model.encoder.layers.N.self_attn.q_proj.weight', ...), DINOv3 "
+                     "('layer.N.attention.q_proj.weight', ...).")
 
 
 # Features whose numerics keras_vit does not implement: layout -> ((key regex, what it is), ...).
@@ -97,6 +106,8 @@ _UNSUPPORTED = {
            (r"attn_pool\.pos_embed", "attention pooling with its own position embedding")),
     HF_DINOV2: ((r"encoder\.layer\.\d+\.mlp\.weights_in\..*", "the SwiGLU MLP (use_swiglu_ffn)"),
                 (r"classifier\..*", "Dinov2ForImageClassification's head on [class token, mean patch token]")),
+    HF_DINOV3: ((r"classifier\..*", "a classifier on a DINOv3 backbone (its head reads [class token, mean patch "
+                                    "token])"),),
 }
 
 
@@ -115,7 +126,7 @@ def check_supported(shapes: dict[str, tuple[int, ...]], layout: str, origin: str
                            for feature, keys in found.items())
         raise ValueError(f"{origin!r} is a {layout} ViT with features keras_vit does not implement: {listed}. "
                          "Supported: timm's ViT, DeiT, DeiT-III, DINOv2, CLIP and SigLIP image towers and Hugging "
-                         "Face's ViT, DeiT, DINOv2, CLIP and SigLIP vision models; nothing was loaded.")
+                         "Face's ViT, DeiT, DINOv2, DINOv3, CLIP and SigLIP vision models; nothing was loaded.")
 
 
 def position_resampling(layout: str, keys) -> tuple[str, str]:
@@ -345,8 +356,30 @@ _HF_CLIP_TABLE = (
                                          "logit_bias")),
 )
 
+_DL = "layer.{i}"
+# DINOv3ViTModel: [class, registers, patches], no position table (rotary positions), the gated MLP's `gate_proj`.
+_HF_DINOV3_TABLE = (
+    *_dense("embeddings.patch_embeddings", "embedding", _conv),
+    ("embeddings.cls_token", ("cls",), _same),
+    ("embeddings.register_tokens", ("registers",), _same),
+    ("embeddings.mask_token", _IGNORED, _same),
+    *_norm(_DL + ".norm1", _B + "/LayerNorm_0"),
+    *_separate_qkv(tuple(f"{_DL}.attention.{name}_proj" for name in "qkv"), _ATTN),
+    *_dense(_DL + ".attention.o_proj", _ATTN + "/out", _out_kernel),
+    (_DL + ".layer_scale1.lambda1", (_B + "/ls1/scale",), _same),
+    *_norm(_DL + ".norm2", _B + "/LayerNorm_2"),
+    *_dense(_DL + ".mlp.up_proj", _B + "/MlpBlock_3/Dense_0"),
+    *_dense(_DL + ".mlp.gate_proj", _B + "/MlpBlock_3/Dense_gate"),
+    *_dense(_DL + ".mlp.down_proj", _B + "/MlpBlock_3/Dense_1"),
+    (_DL + ".layer_scale2.lambda1", (_B + "/ls2/scale",), _same),
+    *_norm("norm", "Transformer/encoder_norm"),
+)
+# The Linears of layouts whose biases a config may leave out (DINOv3's `key_bias=False`, ...): a weight without its
+# bias gets a zero one.
+_BIAS_OPTIONAL = {HF_DINOV3: re.compile(r"layer\.\d+\.(attention\.[qkvo]_proj|mlp\.(up|gate|down)_proj)\.weight")}
+
 _TABLES = {TIMM: _TIMM_TABLE, HUGGING_FACE: _HF_TABLE, HF_DINOV2: _HF_DINOV2_TABLE, HF_CLIP: _HF_CLIP_TABLE,
-           HF_SIGLIP: _HF_CLIP_TABLE}
+           HF_SIGLIP: _HF_CLIP_TABLE, HF_DINOV3: _HF_DINOV3_TABLE}
 
 
 def _match(key: str, layout: str):
@@ -377,8 +410,13 @@ class Translation:
 
 def translate(tensors: dict[str, np.ndarray], layout: str, num_heads: int) -> Translation:
     """Translates a timm or Hugging Face state dict into the original `.npz` layout (tensors that are not
-    weights of the image model, `_IGNORED`, are left out)."""
+    weights of the image model, `_IGNORED`, are left out; a Linear of `_BIAS_OPTIONAL` without a bias gets a zero
+    one, which computes the same)."""
     arrays, source_keys, problems = {}, {}, []
+    optional = _BIAS_OPTIONAL.get(layout)
+    if optional is not None:
+        tensors = {**{key.removesuffix("weight") + "bias": np.zeros(value.shape[:1], value.dtype)
+                      for key, value in tensors.items() if optional.fullmatch(key)}, **tensors}
     for plain, key in _plain_keys(tensors).items():
         found = _match(plain, layout)
         if found is None:

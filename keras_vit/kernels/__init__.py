@@ -198,8 +198,8 @@ def compiled_inference(call):
     batch of at most `XLA_BLOCK_MAX_ROWS` tokens, with `xla_encoder_blocks` chosen, the same `call` runs
     as one XLA-compiled function (`tf_ops.compiled_inference_call`); otherwise, or for a layer whose
     variables are not those of its config (quantized, LoRA), as it is. Integer keyword arguments (sizes,
-    such as the block's `output_tokens`) are compiled in; any other one set (`return_attention_scores`)
-    runs the call as it is."""
+    such as the block's `output_tokens`) are compiled in; any other one set (`return_attention_scores`, a RoPE
+    block's `rotary`) runs the call as it is."""
 
     @functools.wraps(call)
     def maybe_compiled(layer, x, training=None, **kwargs):
@@ -218,13 +218,22 @@ def rematerialized(call):
     """Decorates a layer's `call(x, training=None, ...)`: for a layer with `remat` set, in training, the same
     `call` under the backend's gradient checkpointing (`jax.checkpoint`, `tf.recompute_grad`, PyTorch's
     `checkpoint`), so its activations are recomputed in the backward pass instead of kept. The keyword
-    arguments are bound first: `tf.recompute_grad` takes positional tensors only in graphs, which is why
-    `keras.RematScope` fails on TensorFlow for a layer called with `training=`."""
+    arguments are bound first, and tensor ones (a RoPE block's `rotary`) passed on as positional inputs:
+    `tf.recompute_grad` takes positional tensors only in graphs, which is why `keras.RematScope` fails on
+    TensorFlow for a layer called with `training=`."""
 
     @functools.wraps(call)
     def maybe_rematerialized(layer, x, training=None, **kwargs):
-        if layer.remat and training and not any(kwargs.values()):
-            return _checkpointed(lambda inputs: call(layer, inputs, training=training, **kwargs))(x)
+        tensors = {key: value for key, value in kwargs.items() if _holds_tensors(value)}  # a RoPE block's `rotary`
+        options = {key: value for key, value in kwargs.items() if key not in tensors}
+        if layer.remat and training and not any(options.values()):
+            flat = keras.tree.flatten(list(tensors.values()))  # passed on as positional tensors
+
+            def checkpointed(inputs, *values):
+                given = keras.tree.pack_sequence_as(list(tensors.values()), list(values))
+                return call(layer, inputs, training=training, **options, **dict(zip(tensors, given)))
+
+            return _checkpointed(checkpointed)(x, *flat)
         return call(layer, x, training=training, **kwargs)
 
     return maybe_rematerialized
@@ -242,6 +251,12 @@ def _checkpointed(function):
         import torch.utils.checkpoint
         return functools.partial(torch.utils.checkpoint.checkpoint, function, use_reentrant=False)
     return function  # numpy and others: no gradients to save memory on
+
+
+def _holds_tensors(value) -> bool:
+    """Whether a keyword argument is a tensor or a structure of tensors."""
+    flat = keras.tree.flatten(value) if value is not None else []
+    return bool(flat) and all(ops.is_tensor(item) for item in flat)
 
 
 def _is_size(value) -> bool:

@@ -11,19 +11,21 @@ Numerics follow the original by default: LayerNorm epsilon 1e-6, tanh-approximat
 GELU are options (`layer_norm_epsilon`, `gelu_approximate`) for checkpoints of PyTorch models
 (timm, Hugging Face), which use the exact erf GELU.
 
-Two modules: `tokens` (images to tokens, prefix tokens, position embeddings, pooling) and `encoder` (the
-Transformer blocks and their parts, the attention-pooling head). Every name is importable from here.
+Two modules: `tokens` (images to tokens, prefix tokens, position embeddings, among them the rotary one whose
+angles a RoPE model's attention rotates q and k by, pooling) and `encoder` (the Transformer blocks and their parts,
+the attention-pooling head). Every name is importable from here.
 """
 
 from keras_vit.layers.encoder import (ACTIVATIONS, LAYER_NORM_EPSILON, Dense, HeadProjection, LayerNorm, LayerScale,
                                       MAPHead, MlpBlock, MultiHeadDotProductAttention, StochasticDepth,
                                       TransformerBlock, transformer_blocks)
 from keras_vit.layers.tokens import (POOLINGS, POSITION_EMBEDDINGS, ClassToken, PatchEncoder, Patches,
-                                     PositionEmbedding, RegisterTokens, TokenPooling, extract_patches, patch_grid,
+                                     PositionEmbedding, RegisterTokens, RotaryPositionEmbedding, TokenPooling,
+                                     apply_rotary, extract_patches, patch_grid, rotate_half,
                                      sincos_2d_position_embedding, to_pair)
 
 __all__ = ["ACTIVATIONS", "LAYER_NORM_EPSILON", "POOLINGS", "POSITION_EMBEDDINGS", "ClassToken", "Dense",
            "HeadProjection", "LayerNorm", "LayerScale", "MAPHead", "MlpBlock", "MultiHeadDotProductAttention",
-           "PatchEncoder", "Patches", "PositionEmbedding", "RegisterTokens", "StochasticDepth", "TokenPooling",
-           "TransformerBlock", "extract_patches", "patch_grid", "sincos_2d_position_embedding", "to_pair",
-           "transformer_blocks"]
+           "PatchEncoder", "Patches", "PositionEmbedding", "RegisterTokens", "RotaryPositionEmbedding",
+           "StochasticDepth", "TokenPooling", "TransformerBlock", "apply_rotary", "extract_patches", "patch_grid",
+           "rotate_half", "sincos_2d_position_embedding", "to_pair", "transformer_blocks"]

@@ -12,6 +12,7 @@ from keras import ops
 
 from keras_vit import kernels
 from keras_vit.kernels.routed_layers import Dense, HeadProjection, LayerNorm
+from keras_vit.layers.tokens import apply_rotary
 from keras_vit.variants import ACTIVATIONS, ViTConfig
 
 LAYER_NORM_EPSILON = ViTConfig.layer_norm_epsilon  # the original's
@@ -89,6 +90,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     """Multi-head self-attention of ViT, with the original's weights (paper App. A, Eq. 5-8).
 
         q, k, v = x W_q, x W_k, x W_v                  (batch, tokens, heads, head_dim)
+        q, k = LN(q), LN(k)                            with `qk_norm`
+        q, k = q cos + rotate_half(q) sin, the same for k    given `rotary` (RoPE: `RotaryPositionEmbedding`)
         A = softmax(q k^T / sqrt(head_dim))            (batch, heads, tokens, tokens)
         out = (A v) W_o                                (batch, tokens, D)
 
@@ -113,6 +116,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         x: (batch, tokens, hidden_dim).
         context: optional (batch, context_tokens, hidden_dim): the keys and values come from it instead of x
             (cross-attention: the probe of `MAPHead`).
+        rotary: optional (cos, sin) of `RotaryPositionEmbedding`, each (tokens, head_dim): q and k are rotated by
+            them (x's rows take their first rows: x may be the first rows of `context`).
         training: bool. Attention dropout on when True.
         return_attention_scores: bool. Also return the attention weights A, (batch, heads,
             tokens, context_tokens).
@@ -156,16 +161,18 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         same values at every call, which would start the query, key and value kernels equal."""
         return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
 
-    def call(self, x, context=None, training=None, return_attention_scores=False):
+    def call(self, x, context=None, rotary=None, training=None, return_attention_scores=False):
         query, key, value = self._project_qkv(x) if context is None else (
             self.query_dense(x), self.key_dense(context), self.value_dense(context))  # (batch, tokens, heads, hd)
+        query, key = self.query_norm(query), self.key_norm(key)
+        if rotary is not None:
+            query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
         scale = 1.0 / math.sqrt(x.shape[-1] // self.num_heads)
         dropout_active = training and self.dropout_rate > 0
         if not return_attention_scores and not dropout_active and self.attention_kernel.fused(training):
-            attended = kernels.fused_attention(self.query_norm(query), self.key_norm(key), value, scale)  # as below
+            attended = kernels.fused_attention(query, key, value, scale)  # as below
         else:
             query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))  # (batch, heads, ...)
-            query, key = self.query_norm(query), self.key_norm(key)
             logits = kernels.batch_matmul(query * ops.cast(scale, query.dtype), key, transpose_b=True)
             scores = ops.softmax(logits, axis=-1)  # in the compute dtype, as the original
             attended = ops.transpose(kernels.batch_matmul(self.dropout(scores, training=training), value),
@@ -189,7 +196,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, context=None, training=None, return_attention_scores=False):
+    def compute_output_spec(self, x, context=None, rotary=None, training=None, return_attention_scores=False):
         output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
             return output
@@ -206,15 +213,19 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
 
 @_register
 class MlpBlock(keras.layers.Layer):
-    """The encoder's MLP: Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout.
+    """The encoder's MLP: Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout,
+
+        MLP(x) = Dense_1(act(Dense_0(x)))                         or, `gated`,
+        MLP(x) = Dense_1(act(Dense_gate(x)) * Dense_0(x))         (SwiGLU with act = SiLU: DINOv3 H+ / 7B)
 
     Args:
         mlp_dim: int. Hidden width.
         dropout_rate: float. Dropout after the GELU and after the second Dense. Defaults to `0.0`.
         gelu_approximate: bool. `True`: tanh-approximate GELU (the original's Flax `nn.gelu`);
             `False`: exact erf GELU (PyTorch's `nn.GELU()`, timm and Hugging Face). Defaults to `True`.
-        activation: `"gelu"` (as `gelu_approximate` says) or `"quick_gelu"`, x * sigmoid(1.702 x) (OpenAI
-            CLIP). Defaults to `"gelu"`.
+        activation: `"gelu"` (as `gelu_approximate` says), `"quick_gelu"`, x * sigmoid(1.702 x) (OpenAI
+            CLIP), or `"silu"`, x * sigmoid(x). Defaults to `"gelu"`.
+        gated: bool. The gated form above, with a third Dense `Dense_gate` (mlp_dim wide). Defaults to `False`.
 
     Call arguments:
         x: (..., D).
@@ -222,7 +233,7 @@ class MlpBlock(keras.layers.Layer):
     """
 
     def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, gelu_approximate: bool = True,
-                 activation: str = "gelu", **kwargs):
+                 activation: str = "gelu", gated: bool = False, **kwargs):
         super().__init__(**kwargs)
         if activation not in ACTIVATIONS:
             raise ValueError(f"Unknown activation {activation!r}. Expected one of {ACTIVATIONS}.")
@@ -230,6 +241,7 @@ class MlpBlock(keras.layers.Layer):
         self.dropout_rate = dropout_rate
         self.gelu_approximate = gelu_approximate
         self.activation = activation
+        self.gated = gated
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -237,19 +249,28 @@ class MlpBlock(keras.layers.Layer):
                      bias_initializer=keras.initializers.RandomNormal(stddev=1e-6), dtype=self.dtype_policy)
         self.dense_0 = Dense(self.mlp_dim, name="Dense_0", **dense)  # checkpoint names Dense_0, Dense_1
         self.dense_1 = Dense(width, name="Dense_1", **dense)
+        self.dense_gate = Dense(self.mlp_dim, name="Dense_gate", **dense) if self.gated else None
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
         self.dense_0.build(input_shape)
         self.dense_1.build((*input_shape[:-1], self.mlp_dim))
         self.dropout.build((*input_shape[:-1], self.mlp_dim))
+        if self.gated:
+            self.dense_gate.build(input_shape)
 
     def call(self, x, training=None):
         rows = ops.reshape(x, (-1, x.shape[-1]))  # (tokens, D): TensorFlow fuses MatMul + BiasAdd + GELU in 2-D
-        h = self.dropout(self._activation(self.dense_0(rows)), training=training)
+        if self.gated:
+            h = self._activation(self.dense_gate(rows)) * self.dense_0(rows)
+        else:
+            h = self._activation(self.dense_0(rows))
+        h = self.dropout(h, training=training)
         return ops.reshape(self.dropout(self.dense_1(h), training=training), ops.shape(x))
 
     def _activation(self, h):
         if self.activation == "quick_gelu":
             return h * ops.sigmoid(ops.cast(1.702, h.dtype) * h)
+        if self.activation == "silu":
+            return h * ops.sigmoid(h)
         return kernels.gelu(h, self.gelu_approximate)
 
     def compute_output_shape(self, input_shape):
@@ -258,7 +279,8 @@ class MlpBlock(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"mlp_dim": self.mlp_dim, "dropout_rate": self.dropout_rate,
-                       "gelu_approximate": self.gelu_approximate, "activation": self.activation})
+                       "gelu_approximate": self.gelu_approximate, "activation": self.activation,
+                       "gated": self.gated})
         return config
 
 
@@ -284,7 +306,8 @@ class TransformerBlock(keras.layers.Layer):
         layer_norm_epsilon: float. Defaults to `1e-6`, as the original.
         gelu_approximate: bool. The MLP's GELU: tanh approximation (`True`, the original's) or
             exact erf (`False`, PyTorch's). Defaults to `True`.
-        activation: the MLP's `"gelu"` or `"quick_gelu"` (`MlpBlock`). Defaults to `"gelu"`.
+        activation: the MLP's `"gelu"`, `"quick_gelu"` or `"silu"` (`MlpBlock`). Defaults to `"gelu"`.
+        gated_mlp: bool. The MLP's gated (SwiGLU) form (`MlpBlock`'s `gated`). Defaults to `False`.
         layer_scale_init: optional float. Scale each residual branch by a learned per-channel `gamma`
             (sublayers `ls1`, `ls2`: DeiT-III, DINOv2) starting at this value. Defaults to `None`: no scale.
         qk_norm: bool. LayerNorm the attention's q and k per head. Defaults to `False`.
@@ -301,13 +324,15 @@ class TransformerBlock(keras.layers.Layer):
             hidden_dim): their rows of the same block, whose attention still reads every token. For a
             last block whose other rows nothing reads (a class-token head: `keras_vit.head_rows_model`).
             Defaults to `None`: every token.
+        rotary: optional (cos, sin) of `RotaryPositionEmbedding` (RoPE models): the attention rotates q and k
+            by them. Defaults to `None`.
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
                  attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
                  layer_norm_epsilon: float = LAYER_NORM_EPSILON, gelu_approximate: bool = True,
                  activation: str = "gelu", layer_scale_init: float | None = None, qk_norm: bool = False,
-                 remat: bool = False, **kwargs):
+                 remat: bool = False, gated_mlp: bool = False, **kwargs):
         super().__init__(**kwargs)
         if remat and (dropout_rate or attention_dropout_rate or drop_path_rate):
             raise ValueError(f"remat=True needs a block without random masks (the backward pass would recompute "
@@ -324,6 +349,7 @@ class TransformerBlock(keras.layers.Layer):
         self.activation = activation
         self.layer_scale_init = layer_scale_init
         self.qk_norm = qk_norm
+        self.gated_mlp = gated_mlp
 
     def build(self, input_shape):
         policy = self.dtype_policy  # the attention layer's build checks that num_heads divides the width
@@ -334,7 +360,7 @@ class TransformerBlock(keras.layers.Layer):
             layer_norm_epsilon=self.layer_norm_epsilon, name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_mlp = LayerNorm(epsilon=self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, self.activation,
-                            name="MlpBlock_3", dtype=policy)
+                            self.gated_mlp, name="MlpBlock_3", dtype=policy)
         self.scale_attention, self.scale_mlp = (
             keras.layers.Identity(name=name, dtype=policy) if self.layer_scale_init is None
             else LayerScale(self.layer_scale_init, name=name, dtype=policy) for name in ("ls1", "ls2"))
@@ -346,11 +372,11 @@ class TransformerBlock(keras.layers.Layer):
 
     @kernels.compiled_inference
     @kernels.rematerialized
-    def call(self, x, training=None, return_attention_scores=False, output_tokens=None):
+    def call(self, x, training=None, return_attention_scores=False, output_tokens=None, rotary=None):
         # With output_tokens=n, the rows x_i, i < n: their queries attend to the keys and values of every token.
         rows = x if output_tokens is None else x[:, :output_tokens]
         context = None if output_tokens is None else self.norm_attention(x)
-        attention = self.attention(self.norm_attention(rows), context=context, training=training,
+        attention = self.attention(self.norm_attention(rows), context=context, rotary=rotary, training=training,
                                    return_attention_scores=return_attention_scores)
         attended, scores = attention if return_attention_scores else (attention, None)
         y = rows + self.drop_path(self.scale_attention(self.dropout(attended, training=training)), training=training)
@@ -360,7 +386,7 @@ class TransformerBlock(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_scores=False, output_tokens=None):
+    def compute_output_spec(self, x, training=None, return_attention_scores=False, output_tokens=None, rotary=None):
         rows = x.shape[1] if output_tokens is None else output_tokens
         output = keras.KerasTensor((x.shape[0], rows, x.shape[2]), dtype=self.compute_dtype)
         if not return_attention_scores:
@@ -382,6 +408,7 @@ class TransformerBlock(keras.layers.Layer):
             "layer_scale_init": self.layer_scale_init,
             "qk_norm": self.qk_norm,
             "remat": self.remat,
+            "gated_mlp": self.gated_mlp,
         })
         return config
 
@@ -401,7 +428,7 @@ class MAPHead(keras.layers.Layer):
         mlp_dim: int. MLP hidden width (the encoder's).
         layer_norm_epsilon: float. Defaults to `1e-6`.
         gelu_approximate: bool. The MLP's GELU (`MlpBlock`). Defaults to `True`.
-        activation: the MLP's `"gelu"` or `"quick_gelu"`. Defaults to `"gelu"`.
+        activation: the MLP's `"gelu"`, `"quick_gelu"` or `"silu"`. Defaults to `"gelu"`.
 
     Call arguments:
         tokens: (batch, tokens, D).

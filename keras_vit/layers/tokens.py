@@ -1,9 +1,11 @@
 """The token layers of ViT: images to patch tokens, the prefix tokens (class, distillation, registers), position
-embeddings (fitted to any patch grid) and the pooling of tokens to one vector (paper Eq. 1; vit_jax's
-`models_vit.py`). Weights carry the names of the released checkpoints (`embedding`, `cls`, `pos_embedding`)."""
+embeddings (tables fitted to any patch grid, or rotary angles of each grid) and the pooling of tokens to one
+vector (paper Eq. 1; vit_jax's `models_vit.py`). Weights carry the names of the released checkpoints
+(`embedding`, `cls`, `pos_embedding`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import keras
@@ -270,7 +272,8 @@ class PositionEmbedding(keras.layers.Layer):
         kind: str. `"learned"` (one learned row per token; weight `pos_embedding`,
             the checkpoints' layout), `"learned_2d"` (learned row and column
             embeddings of width D/2, concatenated; paper App. D.4), `"sincos_2d"` (fixed
-            sine-cosine, zero for prefix tokens) or `"none"`. Defaults to `"learned"`.
+            sine-cosine, zero for prefix tokens), `"none"` or `"rope"` (none added: a RoPE model rotates q and k
+            in its attention, `RotaryPositionEmbedding`). Defaults to `"learned"`.
         patch_stride: optional int or (int, int). Pixels per patch of the images given to `call` (the
             model's total stride). Defaults to `None`: the tokens are always on `grid_size`.
         resampling: how the learned table is fitted to another grid: `"linear_corners"` (the original's),
@@ -326,7 +329,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def embedding(self, grid_size=None):
         """The (1, num_prefix_tokens + rows * columns, hidden_dim) table added to tokens on the grid `grid_size`
-        ((rows, columns), ints or scalar tensors; defaults to the stored grid), or None for `"none"`."""
+        ((rows, columns), ints or scalar tensors; defaults to the stored grid), or None for `"none"` and `"rope"`."""
         rows, columns = grid = self.grid_size if grid_size is None else tuple(grid_size)
         stored = all(isinstance(side, int) for side in grid) and grid == self.grid_size
         if self.kind == "learned":
@@ -360,7 +363,7 @@ class PositionEmbedding(keras.layers.Layer):
                 raise ValueError("PositionEmbedding was given images but has no `patch_stride` to find their patch "
                                  "grid. Build it with patch_stride=<the model's stride>.")
             grid = patch_grid(images, self.patch_stride, unit="patch stride")
-        elif self.kind != "none":
+        elif self.kind not in ("none", "rope"):
             tokens = kernels.expect_size(tokens, 1, self.num_tokens, self._token_count_message())
         table = self.embedding(grid)
         return tokens if table is None else tokens + ops.cast(table, tokens.dtype)
@@ -411,4 +414,122 @@ class TokenPooling(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update({"method": self.method, "num_prefix_tokens": self.num_prefix_tokens})
+        return config
+
+# === Rotary positions (RoPE; Su et al. 2021), as DINOv3 uses them (Simeoni et al. 2025; transformers'
+# `DINOv3ViTRopePositionEmbedding` and `apply_rotary_pos_emb`): no table is added to the tokens; the attention
+# rotates each patch token's query and key by angles of its position, from the image's own grid at run time, so a
+# model takes any image size with nothing to resample. ===
+
+
+def rotate_half(x):
+    """[a, b] -> [-b, a] over the last axis, split in halves (the pairs (i, i + d/2) rotate together)."""
+    first, second = ops.split(x, 2, axis=-1)
+    return ops.concatenate([-second, first], axis=-1)
+
+
+def apply_rotary(x, cos, sin):
+    """x cos(theta) + rotate_half(x) sin(theta): x (batch, tokens, heads, head_dim), cos and sin (tokens, head_dim)
+    of `RotaryPositionEmbedding` (x may hold the first rows of the sequence only: they take the first rows)."""
+    rows = ops.shape(x)[1] if x.shape[1] is None else x.shape[1]
+    cos, sin = (ops.cast(table[:rows, None, :], x.dtype) for table in (cos, sin))
+    return x * cos + rotate_half(x) * sin
+
+
+@_register
+class RotaryPositionEmbedding(keras.layers.Layer):
+    """The angles of DINOv3's 2-D axial rotary position embedding, for the tokens of images of any size.
+
+    Token t of the patch grid (row r, column c of `rows` x `columns`) has its centre at
+
+        (y_t, x_t) = 2 ((r + 1/2) / rows, (c + 1/2) / columns) - 1          in [-1, 1]^2
+        omega_j = theta ** (-4 j / head_dim),  j = 0 .. head_dim / 4 - 1
+        angles_t = 2 pi [y_t omega, x_t omega, y_t omega, x_t omega]      (head_dim,)
+
+    and the attention computes with q_t cos(angles_t) + rotate_half(q_t) sin(angles_t) (`apply_rotary`; k the
+    same), rotate_half([a, b]) = [-b, a]. The prefix tokens (class, registers) have angle 0: cos 1, sin 0, their
+    q and k unchanged, exactly. In training (only), DINOv3's augmentations of the coordinates, each drawn once
+    per call for the whole batch: `shift` adds U(-shift, shift) per axis, `jitter` multiplies each axis by
+    exp(U(-ln jitter, ln jitter)), `rescale` both axes by one exp(U(-ln rescale, ln rescale)).
+
+    EVA-02's form (timm's `RotaryEmbeddingCat`: coordinates in patches of its pre-training grid, interleaved
+    pairs) is not implemented here.
+
+    Args:
+        head_dim: int. Width of each attention head; a multiple of 4.
+        patch_stride: int or (int, int). Pixels per patch of the images given to `call`.
+        num_prefix_tokens: int. Tokens before the patch grid (class and register tokens). Defaults to `0`.
+        theta: float. The base period. Defaults to `100.0` (DINOv3's `rope_theta`).
+        shift, jitter, rescale: optional floats; None (the default) leaves that augmentation off.
+        seed: optional int seed of the augmentations.
+
+    Call arguments:
+        images: (batch, height, width, channels), height and width multiples of the stride; only their shape is
+            read.
+        training: bool. The augmentations apply when True.
+
+    Returns:
+        (cos, sin), each (num_prefix_tokens + rows * columns, head_dim), in the layer's compute dtype (computed in
+        float32).
+    """
+
+    def __init__(self, head_dim: int, patch_stride, num_prefix_tokens: int = 0, theta: float = 100.0,
+                 shift: float | None = None, jitter: float | None = None, rescale: float | None = None,
+                 seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        if head_dim % 4:
+            raise ValueError(f"RotaryPositionEmbedding needs head_dim divisible by 4. Received: head_dim={head_dim}")
+        self.head_dim = head_dim
+        self.patch_stride = to_pair(patch_stride, "patch_stride")
+        self.num_prefix_tokens = num_prefix_tokens
+        self.theta = theta
+        self.shift, self.jitter, self.rescale = shift, jitter, rescale
+        self.seed = seed
+        augmented = any(value is not None for value in (shift, jitter, rescale))
+        self.seed_generator = keras.random.SeedGenerator(seed) if augmented else None
+
+    @property
+    def frequencies(self) -> np.ndarray:
+        """omega_j = theta ** (-4 j / head_dim), (head_dim / 4,) float32."""
+        return (1.0 / self.theta ** (np.arange(0, self.head_dim // 4) * 4 / self.head_dim)).astype("float32")
+
+    def call(self, images, training=None):
+        rows, columns = patch_grid(images, self.patch_stride, unit="patch stride")
+        y, x = (ops.cast(ops.arange(size), "float32") + 0.5 for size in (rows, columns))
+        y, x = y / ops.cast(rows, "float32") * 2.0 - 1.0, x / ops.cast(columns, "float32") * 2.0 - 1.0
+        y, x = ops.meshgrid(y, x, indexing="ij")
+        coordinates = ops.stack([ops.reshape(y, (-1,)), ops.reshape(x, (-1,))], axis=-1)  # (rows * columns, 2)
+        if training and self.seed_generator is not None:
+            coordinates = self._augment(coordinates)
+        angles = 2 * math.pi * coordinates[:, :, None] * ops.convert_to_tensor(self.frequencies)  # (P, 2, d / 4)
+        angles = ops.reshape(angles, (-1, self.head_dim // 2))
+        angles = ops.concatenate([ops.zeros((self.num_prefix_tokens, self.head_dim // 2)), angles], axis=0)
+        angles = ops.concatenate([angles, angles], axis=-1)  # (tokens, head_dim)
+        return ops.cast(ops.cos(angles), self.compute_dtype), ops.cast(ops.sin(angles), self.compute_dtype)
+
+    def _augment(self, coordinates):
+        """DINOv3's train-time shift, jitter and rescale of the (P, 2) coordinates."""
+        def uniform(shape, bound):
+            return keras.random.uniform(shape, -bound, bound, seed=self.seed_generator)
+
+        if self.shift is not None:
+            coordinates = coordinates + uniform((1, 2), self.shift)
+        if self.jitter is not None:
+            coordinates = coordinates * ops.exp(uniform((1, 2), math.log(self.jitter)))
+        if self.rescale is not None:
+            coordinates = coordinates * ops.exp(uniform((1, 1), math.log(self.rescale)))
+        return coordinates
+
+    def compute_output_spec(self, images, training=None):
+        grid = [None if side is None else side // stride for side, stride in zip(images.shape[1:3],
+                                                                               self.patch_stride)]
+        tokens = None if None in grid else self.num_prefix_tokens + grid[0] * grid[1]
+        spec = keras.KerasTensor((tokens, self.head_dim), dtype=self.compute_dtype)
+        return spec, keras.KerasTensor((tokens, self.head_dim), dtype=self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"head_dim": self.head_dim, "patch_stride": self.patch_stride,
+                       "num_prefix_tokens": self.num_prefix_tokens, "theta": self.theta, "shift": self.shift,
+                       "jitter": self.jitter, "rescale": self.rescale, "seed": self.seed})
         return config

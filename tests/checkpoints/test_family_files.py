@@ -4,8 +4,8 @@ tests/data/families/ holds small random checkpoints of each family saved by tran
 at 224 px, each with a processor away from its defaults, and what those libraries compute from them
 (`tests/data/make_family_files.py` made them; no torch is needed here). With no size given anywhere, each is built,
 exported as a SavedModel and converted to LiteRT at its own size with its own transform, and agrees with its source
-library: on the processor's pixels, from the JPEG's bytes, and at two other sizes (each model class's position-table
-resize)."""
+library: on the processor's pixels, from the JPEG's bytes, and at other sizes (each model class's position-table
+resize; DINOv3's rotary positions at 224x224, 256x192 and 320x320)."""
 
 import json
 import math
@@ -74,12 +74,15 @@ def patch_tokens(model) -> keras.Model:
 
 @pytest.mark.parametrize("name", CASES)
 def test_position_table_resized_as_the_model_class_does(name):
-    """At two other sizes, the outputs and the patch tokens (which show a table's resize rule ~100x more than a
-    pooled output) of a model built at that size (the loader resizes the table) and of one of any size (the layer
-    does) agree with the source library's (transformers' `interpolate_pos_encoding`, timm's dynamic size)."""
+    """At the other sizes of the reference, the outputs and the patch tokens (which show a table's resize rule ~100x
+    more than a pooled output) of a model built at that size (the loader resizes the table) and of one of any size
+    (the layer does) agree with the source library's (transformers' `interpolate_pos_encoding`, timm's dynamic size;
+    DINOv3's rotary positions from each grid)."""
     folder, meta, reference = case(name)
     any_size = build(folder, input_shape=(None, None, 3), include_preprocessing=False)
-    for index in range(2):
+    sizes = sum(key.startswith("size_") for key in reference)
+    assert sizes == (3 if meta["family"] == "dinov3" else 2)
+    for index in range(sizes):
         size = tuple(int(side) for side in reference[f"size_{index}"])
         inputs = random_inputs(name, index, size)
         fixed = build(folder, input_shape=(*size, 3), include_preprocessing=False)
@@ -128,6 +131,47 @@ def test_exports_are_at_the_files_size_and_serve_its_transform(tmp_path, name):
     if read_checkpoint(folder).head_classes is not None:  # a classifier's file ends in its probabilities
         expected = tf.nn.softmax(expected).numpy()
     assert_agrees(interpreter.get_tensor(output["index"]), expected, f"{name} LiteRT")
+
+
+def test_dinov3_files_give_their_options_and_refuse_what_keras_vit_lacks(tmp_path):
+    """A DINOv3ViTModel folder's config.json and processor become the model's configs (rotary positions, the gated
+    SiLU MLP, the train-time rescale, the processor's resize and crop); its missing key biases load as zeros; a
+    hidden_act keras_vit lacks and a classifier on the backbone are refused by name, nothing built."""
+    import shutil
+
+    from keras_vit.checkpoints import safetensors_file
+    from tests.testing import save_safetensors
+
+    folder = os.path.join(FOLDER, "hf_dinov3_swiglu_112")
+    model = build(folder)
+    assert {name: getattr(model.vit_config, name) for name in (
+        "position_embedding", "rope_theta", "rope_rescale", "rope_shift", "gated_mlp", "activation",
+        "gelu_approximate", "num_register_tokens", "layer_norm_epsilon")} == dict(
+        position_embedding="rope", rope_theta=75.0, rope_rescale=2.0, rope_shift=None, gated_mlp=True,
+        activation="silu", gelu_approximate=False, num_register_tokens=4, layer_norm_epsilon=1e-5)
+    preprocessing = model.preprocessing_config
+    assert (preprocessing.image_mean, preprocessing.interpolation, preprocessing.resize_size,
+            preprocessing.crop_fraction) == ((0.45, 0.4, 0.55), "bilinear", 128, 0.875)
+    key_bias = model.get_layer("encoderblock_0").attention.key_dense.bias
+    assert not np.any(keras.ops.convert_to_numpy(key_bias))
+    pixels = case("hf_dinov3_swiglu_112")[2]["pixels"]
+    attention = keras_vit.attention_model(model)(pixels)  # each block called with its rotary tables
+    np.testing.assert_allclose(attention["output"], model.predict_on_batch(pixels), atol=1e-6)
+    assert [tuple(scores.shape) for scores in attention["attention"]] == [(1, 2, 5 + 49, 5 + 49)] * 2
+    assert build(os.path.join(FOLDER, "hf_dinov3_112")).vit_config.gated_mlp is False
+
+    copy = tmp_path / "dinov3"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps(dict(config, hidden_act="gelu_fast")))
+    with pytest.raises(ValueError, match=r"hidden_act='gelu_fast' is not implemented by keras_vit"):
+        build(str(copy))
+    (copy / "config.json").write_text(json.dumps(config))
+    state = safetensors_file.read_safetensors(str(copy / "model.safetensors"))
+    state["classifier.weight"] = np.zeros((5, 64), "float32")
+    save_safetensors(state, copy / "model.safetensors")
+    with pytest.raises(ValueError, match=r"a classifier on a DINOv3 backbone \(its head reads \[class token, mean"):
+        build(str(copy))
 
 
 def test_resize_sizes_are_transformers_own_for_every_shortest_edge():

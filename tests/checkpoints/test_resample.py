@@ -84,7 +84,7 @@ def test_each_model_class_resamples_as_its_source():
     assert {layout: method(layout)[0] for layout in (torch_layout.TIMM, *torch_layout.HF_LAYOUTS)} == {
         torch_layout.TIMM: resample.BICUBIC_ANTIALIAS, torch_layout.HUGGING_FACE: resample.BICUBIC,
         torch_layout.HF_DINOV2: resample.BICUBIC, torch_layout.HF_CLIP: resample.BICUBIC,
-        torch_layout.HF_SIGLIP: resample.BICUBIC}
+        torch_layout.HF_SIGLIP: resample.BICUBIC, torch_layout.HF_DINOV3: resample.BICUBIC}  # DINOv3: no table
     # transformers' Dinov2WithRegistersModel (4.48 to 5.24) resizes with antialias=True, Dinov2Model without.
     for keys in (["embeddings.register_tokens"], ["dinov2.embeddings.register_tokens"]):
         assert method(torch_layout.HF_DINOV2, *keys) == (resample.BICUBIC_ANTIALIAS,

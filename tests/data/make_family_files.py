@@ -10,13 +10,16 @@ Run once, where torch, transformers and timm are installed (not needed by the te
 Made with torch 2.13.0 (CPU), transformers 4.57.6, timm 1.0.31 (through benchmarks.torchvision_stub: no CPU
 torchvision installs beside that torch), Pillow 12. sizes.json holds transformers' resize sizes
 (`transformers_resize_sizes`). Each folder's reference.npz holds:
-- `pixels`: the processor's output for photo.jpg before normalization (uint8, NHWC: PIL resizes in uint8);
+- `pixels`: the processor's output for photo.jpg before normalization (uint8, NHWC: PIL resizes in uint8; float32
+  for DINOv3, whose processor resizes in float);
 - `output`: the model's output on the processor's normalized output (logits, or the pooled embedding of a
   headless tower);
-- `size_<i>`, `outputs_<i>`, `patch_tokens_<i>`: two other input sizes, and the model's outputs and its patch
-  tokens after the final norm on `random_inputs(name, i)` at them (transformers: `interpolate_pos_encoding=True`;
-  timm: `dynamic_img_size=True`), which show how each model class resizes its position table.
-transformers' slow (PIL) processors compute `pixels`; timm's evaluation transform (`resolve_data_config` +
+- `size_<i>`, `outputs_<i>`, `patch_tokens_<i>`: two other input sizes (DINOv3: three, 224x224, 256x192 and
+  320x320), and the model's outputs and its patch tokens after the final norm on `random_inputs(name, i)` at them
+  (transformers: `interpolate_pos_encoding=True`; timm: `dynamic_img_size=True`; DINOv3 has no table: its rotary
+  positions come from each grid), which show how each model class resizes its position table.
+transformers' slow (PIL) processors compute `pixels`; DINOv3's (`DINOv3ViTImageProcessorFast`, which needs
+torchvision) is computed by its arithmetic (`dinov3_processor`); timm's evaluation transform (`resolve_data_config` +
 `create_transform`, which needs torchvision) is computed here by its documented arithmetic: PIL resize of the
 short side to floor(size / crop_pct), torchvision's CenterCrop (offsets rounded), ToTensor, Normalize.
 """
@@ -69,11 +72,13 @@ def random_inputs(name: str, index: int, size) -> np.ndarray:
 
 
 def save_reference(folder: str, pixels: np.ndarray, pixel_values: np.ndarray, output: np.ndarray,
-                   extra: list[tuple[tuple[int, int], np.ndarray, np.ndarray]], meta: dict) -> None:
-    assert np.array_equal(pixels, pixels.round()) and pixels.min() >= 0 and pixels.max() <= 255
+                   extra: list[tuple[tuple[int, int], np.ndarray, np.ndarray]], meta: dict,
+                   float_pixels: bool = False) -> None:
+    """`float_pixels`: the processor resizes in float (DINOv3's), else in uint8 (PIL's)."""
+    assert (float_pixels or np.array_equal(pixels, pixels.round())) and pixels.min() >= 0 and pixels.max() <= 255
     normalized = (pixels / np.float32(255) - np.float32(MEAN)) / np.float32(STD)
     assert np.abs(normalized - pixel_values).max() < 1e-5  # the processor's normalization, as the tests redo it
-    arrays = dict(pixels=pixels.astype(np.uint8), output=output.astype(np.float32))
+    arrays = dict(pixels=pixels.astype(np.float32 if float_pixels else np.uint8), output=output.astype(np.float32))
     for i, (size, outputs, patch_tokens) in enumerate(extra):
         arrays.update({f"size_{i}": np.asarray(size), f"outputs_{i}": outputs.astype(np.float32),
                        f"patch_tokens_{i}": patch_tokens.astype(np.float32)})
@@ -177,6 +182,87 @@ def transformers_cases(image: Image.Image) -> None:
             image, [(256, 192), (320, 320)], "pooler_output", dict(native_size=[256, 256], family="siglip"))
 
 
+# --- DINOv3 (transformers) ---
+
+def dinov3_processor(image: Image.Image, config: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(pixels before normalization in [0, 255], float32; normalized values), both NHWC, as
+    `DINOv3ViTImageProcessorFast._preprocess` computes them from `config` (its preprocessor_config.json): the
+    image's [0, 255] values times `rescale_factor`, torchvision's resize of that float tensor (`F.resize`:
+    `torch.nn.functional.interpolate(align_corners=False, antialias=True)`, no rounding or clamping for floats),
+    `BaseImageProcessorFast.center_crop` (offsets int((size - crop) / 2)), then (x - mean) / std."""
+    import torch
+
+    modes = {2: "bilinear", 3: "bicubic"}
+    x = torch.from_numpy(np.asarray(image, np.uint8).transpose(2, 0, 1).copy())[None].float()
+    x = x * config["rescale_factor"]
+    size = config["size"]
+    x = torch.nn.functional.interpolate(x, size=(size["height"], size["width"]), mode=modes[config["resample"]],
+                                        align_corners=False, antialias=True)
+    if config["do_center_crop"]:
+        crop = config["crop_size"]
+        top, left = int((x.shape[2] - crop["height"]) / 2.0), int((x.shape[3] - crop["width"]) / 2.0)
+        x = x[:, :, top:top + crop["height"], left:left + crop["width"]]
+    values = (x - torch.tensor(config["image_mean"])[:, None, None]) / torch.tensor(config["image_std"])[:, None, None]
+    return nhwc(x * 255), nhwc(values)
+
+
+def dinov3_case(name: str, image: Image.Image, model_config: dict, processor_config: dict) -> None:
+    """A random `DINOv3ViTModel` (every parameter drawn anew, biases and layer scales included) saved with
+    `save_pretrained`, its processor's preprocessor_config.json as `save_pretrained` writes it (the processor itself
+    needs torchvision), its pooled output on the photo, and its outputs and patch tokens at 224x224, 256x192 and
+    320x320. The scales make the attention, hence the rotary positions, move the outputs: a small patch embedding,
+    layer scales around 1, sharp attention (`rope_theta` 100 instead of 75 moves the patch tokens by ~1e-3 of their
+    largest value; at one scale for all, by ~2e-5)."""
+    import torch
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    folder = os.path.join(FOLDER, name)
+    shutil.rmtree(folder, ignore_errors=True)
+    torch.manual_seed(0)
+    model = DINOv3ViTModel(DINOv3ViTConfig(**model_config)).eval()
+    with torch.no_grad():
+        for key, parameter in model.named_parameters():
+            if "lambda1" in key:  # the layer scales
+                parameter.normal_(1.0, 0.3)
+            else:
+                std = 0.03 if "patch_embeddings.weight" in key else 0.4 if key.endswith(("q_proj.weight",
+                                                                                          "k_proj.weight")) else 0.2
+                parameter.normal_(0, std)
+    model.save_pretrained(folder)
+    processor_config = dict(processor_config, image_processor_type="DINOv3ViTImageProcessorFast", do_resize=True,
+                            do_rescale=True, rescale_factor=1 / 255, do_normalize=True, image_mean=MEAN,
+                            image_std=STD, default_to_square=True, data_format="channels_first")
+    with open(os.path.join(folder, "preprocessor_config.json"), "w", encoding="utf-8") as file:
+        json.dump(processor_config, file, indent=2, sort_keys=True)
+    pixels, values = dinov3_processor(image, processor_config)
+    prefix = 1 + model.config.num_register_tokens
+
+    def run(inputs):
+        with torch.no_grad():
+            output = model(pixel_values=torch.from_numpy(inputs.transpose(0, 3, 1, 2).copy()))
+        return output.pooler_output.numpy(), output.last_hidden_state[:, prefix:].numpy()
+
+    extra = [(size, *run(random_inputs(name, index, size)))
+             for index, size in enumerate([(224, 224), (256, 192), (320, 320)])]
+    crop = processor_config["crop_size"]
+    save_reference(folder, pixels, values, run(values)[0], extra,
+                   dict(source="transformers", output="pooler_output", family="dinov3",
+                        native_size=[crop["height"], crop["width"]]), float_pixels=True)
+
+
+def dinov3_cases(image: Image.Image) -> None:
+    tiny = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, patch_size=16, num_register_tokens=4,
+                layerscale_value=0.5, image_size=112)
+    # Squash to 128, crop 112 (DINOv2's proportion): a small native size, as its float pixels are stored.
+    processor = dict(size={"height": 128, "width": 128}, do_center_crop=True, crop_size={"height": 112, "width": 112},
+                     resample=2)
+    # ViT-S/B/L form: plain MLP, exact GELU, no key bias.
+    dinov3_case("hf_dinov3_112", image, dict(tiny, intermediate_size=64, hidden_act="gelu"), processor)
+    # H+ / 7B form: SwiGLU (gated SiLU) MLP; another rope_theta.
+    dinov3_case("hf_dinov3_swiglu_112", image, dict(tiny, intermediate_size=48, hidden_act="silu",
+                                                    use_gated_mlp=True, rope_theta=75.0), processor)
+
+
 # --- timm ---
 
 def timm_transform(image: Image.Image, size: int, crop_pct: float, interpolation: int) -> np.ndarray:
@@ -266,6 +352,7 @@ def transformers_resize_sizes() -> None:
 def main() -> None:
     image = photo()
     transformers_cases(image)
+    dinov3_cases(image)
     timm_cases(image)
     transformers_resize_sizes()
     for root, _, files in sorted(os.walk(FOLDER)):

@@ -8,7 +8,7 @@ import pytest
 import keras_vit
 from keras_vit import kernels
 from keras_vit import layers as vit_layers
-from tests.reference import encoder_block, gelu_tanh, quick_gelu, released_names
+from tests.reference import encoder_block, gelu_tanh, quick_gelu, released_names, rope_tables, silu
 from tests.testing import randomize, run_layer_test, run_serialization_test, to_numpy
 
 # --- Patches and patch embedding ---
@@ -249,7 +249,7 @@ def test_layer_scale_starts_at_its_init_value_and_bad_activation_is_named():
     block = keras_vit.TransformerBlock(num_heads=2, mlp_dim=8, layer_scale_init=1e-5)
     block.build((None, 3, 8))
     np.testing.assert_array_equal(to_numpy(block.scale_attention.gamma), np.full(8, 1e-5, "float32"))
-    with pytest.raises(ValueError, match=r"Unknown activation 'relu'. Expected one of \('gelu', 'quick_gelu'\)"):
+    with pytest.raises(ValueError, match=r"Unknown activation 'relu'. Expected one of \('gelu', 'quick_gelu', 'silu'"):
         keras_vit.MlpBlock(8, activation="relu")
 
 
@@ -385,7 +385,10 @@ def test_every_public_layer_round_trips_its_config():
               keras_vit.TransformerBlock(2, 8, 0.1, 0.2, 0.3, 1e-5), keras_vit.TokenPooling("avg"),
               keras_vit.TransformerBlock(2, 8, layer_scale_init=0.5, qk_norm=True, activation="quick_gelu"),
               keras_vit.RegisterTokens(4, position=1), keras_vit.LayerScale(0.25),
-              keras_vit.StdConv2D(4, 3, strides=2), keras_vit.BottleneckUnit(8, 2)]
+              keras_vit.StdConv2D(4, 3, strides=2), keras_vit.BottleneckUnit(8, 2),
+              keras_vit.RotaryPositionEmbedding(16, (8, 4), 5, 50.0, shift=0.1, jitter=1.2, rescale=2.0, seed=1),
+              keras_vit.MlpBlock(12, activation="silu", gated=True),
+              keras_vit.TransformerBlock(2, 8, gated_mlp=True, activation="silu")]
     for layer in public:
         clone = run_serialization_test(layer)
         own = {k: v for k, v in layer.get_config().items() if k not in ("name", "dtype", "trainable")}
@@ -414,3 +417,88 @@ def test_drop_path_in_training_keeps_or_drops_whole_branches():
         assert min(errors) < 1e-5, errors
         seen.add(combinations[int(np.argmin(errors))])
     assert seen == set(combinations)  # all four occur in 64 examples (a miss has probability ~1e-7)
+
+
+# --- Rotary position embeddings (DINOv3) ---
+
+
+def test_rotary_angles_match_the_numpy_reference_on_a_non_square_grid():
+    """(cos, sin) of a 3x5 grid of 8-pixel patches after 5 prefix tokens: DINOv3's angles (`rope_tables`), the
+    prefix rows exactly cos 1, sin 0."""
+    layer = keras_vit.RotaryPositionEmbedding(16, patch_stride=8, num_prefix_tokens=5, theta=50.0)
+    cos, sin = (to_numpy(table) for table in layer(np.zeros((2, 24, 40, 3), "float32")))
+    expected_cos, expected_sin = rope_tables((3, 5), 16, 50.0, 5)
+    assert cos.shape == sin.shape == (5 + 15, 16)
+    np.testing.assert_allclose(cos, expected_cos, atol=2e-6)
+    np.testing.assert_allclose(sin, expected_sin, atol=2e-6)
+    assert np.all(cos[:5] == 1) and np.all(sin[:5] == 0)
+    transposed = rope_tables((5, 3), 16, 50.0, 5)[1]
+    assert np.abs(transposed - expected_sin).max() > 0.1  # rows and columns are not interchangeable
+
+
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_block_with_rotary_positions_and_a_gated_mlp_matches_the_numpy_reference(fused, monkeypatch):
+    """q and k of the patch rows rotated (not the prefix rows), and the SwiGLU MLP, as the NumPy reference; the
+    class token's row alone (`output_tokens=1`, what `head_rows_model` computes) and the attention scores agree."""
+    monkeypatch.setenv(kernels.FUSED_ATTENTION_SWITCH, fused)
+    layer = keras_vit.TransformerBlock(num_heads=2, mlp_dim=24, gated_mlp=True, activation="silu",
+                                       layer_scale_init=0.5, name="encoderblock_0")
+    x = np.random.default_rng(8).normal(size=(2, 2 + 15, 32)).astype("float32")
+    rotary = keras_vit.RotaryPositionEmbedding(16, 8, num_prefix_tokens=2)(np.zeros((1, 24, 40, 3), "float32"))
+    layer(x, rotary=rotary)
+    randomize(layer, seed=9, scale=0.5)
+    arrays = released_names(layer)
+    tables = rope_tables((3, 5), 16, 100.0, 2)
+    expected, expected_scores = encoder_block(arrays, "Transformer/encoderblock_0", x.astype("float64"),
+                                              gelu=silu, rotary=tables)
+    np.testing.assert_allclose(to_numpy(layer(x, rotary=rotary)), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(layer(x, rotary=rotary, output_tokens=1)), expected[:, :1], atol=1e-5)
+    _, scores = layer(x, rotary=rotary, return_attention_scores=True)
+    np.testing.assert_allclose(to_numpy(scores), expected_scores, atol=1e-6)
+    unrotated, _ = encoder_block(arrays, "Transformer/encoderblock_0", x.astype("float64"), gelu=silu)
+    assert np.abs(unrotated - expected).max() > 1e-2  # the rotation matters here
+
+
+def test_rematerialized_rope_block_is_checkpointed_with_its_rotary_tables(monkeypatch):
+    """`remat=True` on a RoPE block: the (cos, sin) tables are passed on to the checkpointed call (not dropped, nor
+    the remat skipped): same loss, same update as without."""
+    checkpointed = []
+    original = kernels._checkpointed
+    monkeypatch.setattr(kernels, "_checkpointed", lambda function: checkpointed.append(1) or original(function))
+    rng = np.random.default_rng(0)
+    x, y = (rng.normal(size=(2, 1 + 6, 16)).astype("float32") for _ in range(2))
+    images = np.zeros((2, 16, 24, 3), "float32")
+    models = []
+    for remat in (False, True):
+        tokens, pixels = keras.Input((7, 16)), keras.Input((16, 24, 3))
+        rotary = keras_vit.RotaryPositionEmbedding(8, 8, num_prefix_tokens=1)(pixels)
+        block = keras_vit.TransformerBlock(num_heads=2, mlp_dim=16, gated_mlp=True, activation="silu", remat=remat)
+        model = keras.Model([tokens, pixels], block(tokens, rotary=rotary))
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+        models.append(model)
+    randomize(models[0], seed=2)
+    initial = models[0].get_weights()
+    models[1].set_weights(initial)
+    losses = [float(model.train_on_batch([x, images], y)) for model in models]
+    assert checkpointed, "the remat=True block was not checkpointed"
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for plain, rematerialized in zip(models[0].get_weights(), models[1].get_weights()):
+        np.testing.assert_allclose(rematerialized, plain, atol=1e-6)
+
+
+def test_rotary_augmentations_act_in_training_only():
+    """DINOv3's shift, jitter and rescale move the patch coordinates in training, never the prefix rows; in
+    inference the angles are the plain ones. A shift alone moves every patch's y by the same amount."""
+    images = np.zeros((1, 32, 32, 3), "float32")
+    plain = [to_numpy(table) for table in keras_vit.RotaryPositionEmbedding(8, 8, 1)(images)]
+    augmented = keras_vit.RotaryPositionEmbedding(8, 8, 1, shift=0.1, jitter=1.5, rescale=2.0, seed=3)
+    for inference in (augmented(images), augmented(images, training=False)):
+        for table, expected in zip(inference, plain):
+            np.testing.assert_array_equal(to_numpy(table), expected)
+    cos, sin = (to_numpy(table) for table in augmented(images, training=True))
+    assert np.abs(cos - plain[0]).max() > 1e-2 and np.all(cos[:1] == 1) and np.all(sin[:1] == 0)
+    shifted = keras_vit.RotaryPositionEmbedding(8, 8, 1, shift=0.1, seed=4)
+    cos, sin = (to_numpy(table) for table in shifted(images, training=True))
+    # Column 0 holds 2 pi y (frequency 1): its phase moves by 2 pi times one shift for every patch.
+    moved = np.angle(np.exp(1j * (np.arctan2(sin[1:, 0], cos[1:, 0]) - np.arctan2(plain[1][1:, 0], plain[0][1:, 0]))))
+    assert np.ptp(moved) < 1e-5 and 1e-4 < np.abs(moved[0]) <= 2 * np.pi * 0.1

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from tests.reference import gelu_erf, quick_gelu
+from tests.reference import gelu_erf, quick_gelu, silu
 from tests.testing import (TINY_HYBRID, TINY_VIT, Family, build, images, outputs, randomize, run_model_test,
                            save_checkpoint)
 
@@ -39,6 +39,11 @@ FAMILIES = {
     "deit_distilled": Family(dict(TINY_VIT, distillation_token=True), checkpoint=None),
     "fc_norm_avg": Family(dict(TINY_VIT, fc_norm=True, num_register_tokens=2), checkpoint=None),
     "qk_norm_gap": Family(dict(TINY_VIT, qk_norm=True, classifier="gap", num_register_tokens=1), checkpoint=None),
+    # DINOv3 H+ / 7B: rotary positions (on a non-square grid), registers, layer scale, the gated SiLU MLP.
+    "dinov3_rope_swiglu": Family(dict(TINY_VIT, position_embedding="rope", rope_theta=50.0, num_register_tokens=4,
+                                      layer_scale_init=1e-5, gated_mlp=True, activation="silu",
+                                      gelu_approximate=False, layer_norm_epsilon=1e-5),
+                                 input_shape=(24, 40, 3), checkpoint=None, eps=1e-5, gelu=silu),
 }
 FAST_FAMILIES = ("vit", "dinov2_registers")  # the rest run in the full suite only (`-m "not slow"` is the fast subset)
 
@@ -52,7 +57,7 @@ def test_family(name, tmp_path):
 # Every option of the ViT family, and the numerics, as `ViTConfig` fields that some family sets.
 FAMILY_OPTIONS = ("classifier", "representation_size", "patch_bias", "num_register_tokens", "no_embed_class",
                   "distillation_token", "norm_pre", "layer_scale_init", "qk_norm", "fc_norm", "layer_norm_epsilon",
-                  "gelu_approximate", "activation")
+                  "gelu_approximate", "activation", "position_embedding", "rope_theta", "gated_mlp")
 
 
 def test_families_cover_every_family_option():

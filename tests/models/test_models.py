@@ -283,7 +283,7 @@ def test_attention_model_hybrid():
     (dict(input_shape=(32, 36, 3)), r"Input width 36 is not divisible by the model's patch stride 8"),
     (dict(classifier="cls"), r"Unknown classifier 'cls'. Expected one of \('token', 'gap', 'map'\)"),
     (dict(pooling="max", include_top=False), r"Unknown pooling 'max'. Expected None or one of"),
-    (dict(position_embedding="rope"), r"Unknown position_embedding 'rope'"),
+    (dict(position_embedding="alibi"), r"Unknown position_embedding 'alibi'"),
     (dict(classes=0), r"`classes` must be a positive int. Received: classes=0"),
     (dict(classes=2.5), r"Received: classes=2.5"),
     (dict(input_shape=(32, 32)), r"`input_shape` must be \(height, width, channels\). Received: \(32, 32\)"),

@@ -98,7 +98,7 @@ PUBLIC_NAMES = [
     "features_model", "head_rows", "head_rows_model", "imagenet", "kernels", "layers", "list_weights", "load_weights",
     "masked", "masked_patch_loss", "masked_patch_model", "models", "patch_targets", "preprocess_input", "read_npz",
     "resample_position_embedding", "resnet", "transfer_encoder_weights", "variants", "vit_model"]
-ADDED_IN_0_3 = ["PreprocessingConfig"]
+ADDED_IN_0_3 = ["PreprocessingConfig", "RotaryPositionEmbedding"]
 
 
 def test_the_public_names_are_those_of_0_2_and_each_is_what_its_module_defines():
