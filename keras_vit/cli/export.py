@@ -93,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "with.")
     if args.format == "onnx":
         given = [flag for name, flag in SAVED_MODEL_ONLY.items() if getattr(args, name)]
+        if args.embedding != "pooled" and not args.class_embeddings:
+            given.append("--embedding head")  # it picks what `embed` serves; a zero-shot head still reads it
         if given:
             parser.error(f"{given[0]} shapes the SavedModel's serving signatures; --format onnx writes the model's "
                          "own outputs (drop the flag, or export a SavedModel).")

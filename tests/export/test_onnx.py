@@ -64,6 +64,10 @@ def test_cli_writes_versions_checked_against_keras_and_never_overwrites(tmp_path
         export_cli.main(["--model", str(model_file), "--format", "onnx", "--out", str(base), "--signatures", "embed"])
     error = capsys.readouterr().err
     assert refused.value.code == 2 and "--signatures shapes the SavedModel's serving signatures" in error, error
+    with pytest.raises(SystemExit) as refused:  # it would be ignored: the file holds the model's own outputs
+        export_cli.main(["--model", str(model_file), "--format", "onnx", "--out", str(base), "--embedding", "head"])
+    error = capsys.readouterr().err
+    assert refused.value.code == 2 and "--embedding head shapes the SavedModel's serving signatures" in error, error
     assert sorted(os.listdir(base)) == ["1"]
 
 
