@@ -5,12 +5,16 @@ Hugging Face `.safetensors` layouts. The NumPy reference forward pass is tests/r
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import importlib.util
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
+from pathlib import Path
+from typing import Callable
 
 import keras
 import numpy as np
@@ -61,6 +65,28 @@ def python_path(*first: str) -> str:
     packages come by `PYTHONPATH`, not site-packages, keeps them)."""
     own = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry not in first]
     return os.pathsep.join([*first, *own])
+
+
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder `name`, filled by `make(folder)` once per test run. Under pytest-xdist a module's fixture runs
+    once in each worker that runs one of its tests: here the first worker to ask makes the folder (the other
+    waits on a lock, then reads it). `make` must give the same files in any worker (seeded weights). Tests only
+    read the folder."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    root = tmp_path_factory.getbasetemp().parent / "made_once"  # this run's, shared by its workers
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed while making it
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 def free_ports(count: int) -> list[int]:

@@ -18,7 +18,7 @@ from ai_edge_litert import schema_py_generated as schema
 from keras_vit import _tf_internals, datasets
 from keras_vit.cli import tflite as tflite_cli
 from keras_vit.export import data, model_io, tflite, tflite_conversion
-from tests.testing import TINY_VIT, randomize
+from tests.testing import TINY_VIT, made_once, randomize
 
 SIZE = (16, 16)
 COUNTS = dict(calibration_count=20, evaluation_count=40)
@@ -285,8 +285,14 @@ def int8_of_tiny(tmp_path_factory):
     """`tiny_model()` and its int8 conversions on the first 20 digits, made once for the tests that read them:
     (model, calibration, its int8 file by `tflite.convert`, and `int8_halves`: calibrated, plain)."""
     model, calibration = tiny_model(), data.digits(SIZE)[:20]
-    path = tflite.convert(model, tmp_path_factory.mktemp("int8") / "int8.tflite", "int8", calibration)
-    return (model, calibration, path, *int8_halves(model, calibration))
+
+    def make(folder):
+        tflite.convert(model, folder / "int8.tflite", "int8", calibration)
+        for name, content in zip(("calibrated.tflite", "plain.tflite"), int8_halves(model, calibration)):
+            (folder / name).write_bytes(content)
+    folder = made_once(tmp_path_factory, "int8_of_tiny", make)
+    return (model, calibration, folder / "int8.tflite", (folder / "calibrated.tflite").read_bytes(),
+            (folder / "plain.tflite").read_bytes())
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)

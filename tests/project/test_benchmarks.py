@@ -261,14 +261,15 @@ def test_jax_predict_benchmark_reports_a_built_model_and_its_ratio():
 
 
 @pytest.mark.slow
-def test_kernel_choice_benchmark_times_both_on_the_same_weights_and_checks_the_ratio():
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.kernel_choice", "--arch", "tiny", "--batches", "1,3",
-                           "--train-arch", "tiny", "--train-batch", "4", "--calls", "2", "--check", "1e9"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1, done.stderr[-2000:]  # no kernel is a billion times faster: --check fails
-    assert "keras_vit's choice here: KernelChoice(" in done.stdout
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in done.stdout.splitlines()
+def test_kernel_choice_benchmark_times_both_on_the_same_weights_and_checks_the_ratio(capsys):
+    from benchmarks import kernel_choice  # in this process: it restores the kernel switch it sets
+    capsys.readouterr()
+    status = kernel_choice.main(["--arch", "tiny", "--batches", "1,3", "--train-arch", "tiny", "--train-batch", "4",
+                                 "--calls", "2", "--check", "1e9"])
+    out = capsys.readouterr().out
+    assert status == 1, out[-2000:]  # no kernel is a billion times faster: --check fails
+    assert "keras_vit's choice here: KernelChoice(" in out
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines()
             if line.startswith("| tiny ")]
     assert [row[0] for row in rows] == ["tiny predict_on_batch, batch 1", "tiny predict_on_batch, batch 3",
                                         "tiny train_on_batch, batch 4"]

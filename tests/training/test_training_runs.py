@@ -1,11 +1,13 @@
 """Training runs as processes: the mirrored and multi-worker strategies, runs killed and resumed, and the command
-line `keras-vit-train` (its flags, one-line stops, Ctrl-C). Tiny digits runs (`tests.testing.TRAIN_TINY`); the
-in-process tests of `training/` are in tests/training/test_training.py. No test touches the network.
+line `keras-vit-train` (Ctrl-C as a process; its flags and one-line stops in this process, through its `main`).
+Tiny digits runs (`tests.testing.TRAIN_TINY`); the in-process tests of `training/` are in
+tests/training/test_training.py. No test touches the network.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,9 +23,34 @@ import keras_vit
 from tests.testing import REPO, TRAIN_TINY, free_ports, subprocess_env
 
 
+def _arguments(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
+    return ["--config=digits", f"--workdir={workdir}", "--verbose=0", *extra,
+            *[f"--override={item}" for item in [*TRAIN_TINY, *overrides]]]
+
+
 def _cli(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
-    return [sys.executable, "-m", "keras_vit.cli.train", "--config=digits", f"--workdir={workdir}", "--verbose=0",
-            *extra, *[f"--override={item}" for item in [*TRAIN_TINY, *overrides]]]
+    return [sys.executable, "-m", "keras_vit.cli.train", *_arguments(workdir, *overrides, extra=extra)]
+
+
+def _in_process(capsys, *arguments: str) -> tuple[int, str, str]:
+    """keras-vit-train run in this process (for what needs no process of its own: its flags and one-line
+    stops): the exit status, stdout and stderr the console script ends with (a `SystemExit` message is stderr's
+    last line, status 1, as the interpreter prints it). Ctrl-C, a second process and kills run as processes."""
+    from absl import flags
+
+    from keras_vit.cli import train
+    capsys.readouterr()
+    level = logging.getLogger().level
+    try:
+        train.main(flags.FLAGS(["keras-vit-train", *arguments]))
+        status, message = 0, ""
+    except SystemExit as stop:
+        status, message = (1, f"{stop.code}\n") if isinstance(stop.code, str) else (stop.code or 0, "")
+    finally:
+        flags.FLAGS.unparse_flags()
+        logging.getLogger().setLevel(level)
+    out, err = capsys.readouterr()
+    return status, out, err + message
 
 
 def _weights(path: str) -> list[np.ndarray]:
@@ -186,34 +213,31 @@ def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
     assert not os.path.exists(tmp_path / "backup" / "worker_0")  # Deleted once the run completes.
 
 
-@pytest.mark.slow
-def test_cli_help_explains_every_flag_and_a_url_workdir_is_one_line():
-    result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--help"], env=subprocess_env(),
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode in (0, 1), result.stderr  # absl exits with 1 after printing --help.
+def test_cli_help_explains_every_flag_and_a_url_workdir_is_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["keras-vit-train", "--help"])
+    from keras_vit.cli import train
+    with pytest.raises(SystemExit) as stop:
+        train.run()
+    assert stop.value.code == 0
+    help_text = capsys.readouterr().out
     for flag in ("--config", "--override", "--workdir", "--strategy", "--tpu", "--model_parallel", "--verbose",
                  "--[no]print_config"):
-        assert flag in result.stdout
-    assert "multiworker" in result.stdout and "key=value" in result.stdout
+        assert flag in help_text
+    assert "multiworker" in help_text and "key=value" in help_text
 
-    url = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--config=digits", "--workdir=gs://bucket/run"],
-                         env=subprocess_env(), capture_output=True, text=True, timeout=60)
-    assert url.returncode == 1 and url.stderr.strip().splitlines()[-1].startswith(
-        "keras-vit-train: error: workdir 'gs://bucket/run' is a URL;") and "Traceback" not in url.stderr, \
-        url.stderr[-3000:]
+    status, _, err = _in_process(capsys, "--config=digits", "--workdir=gs://bucket/run")
+    assert status == 1 and err.strip().splitlines()[-1].startswith(
+        "keras-vit-train: error: workdir 'gs://bucket/run' is a URL;") and "Traceback" not in err, err[-3000:]
 
 
 @pytest.mark.slow
-def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
+def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path, capsys):
     """A NaN stop exits with 1 and its message, a second run of a workdir while it trains and a resume with another
     model with 1 and what is wrong, Ctrl-C (SIGINT) mid-training with 130 and how to resume: one line each, no
     traceback."""
-    nan = subprocess.run(_cli(tmp_path / "nan", "optimizer=sgd", "lr=1e30"), env=subprocess_env(),
-                         capture_output=True, text=True, timeout=300)
-    assert nan.returncode == 1, nan.stderr[-3000:]
-    assert nan.stderr.strip().splitlines()[-1].startswith("keras-vit-train: error: Loss became nan at epoch 1"), \
-        nan.stderr[-3000:]
-    assert "Traceback" not in nan.stderr, nan.stderr[-3000:]
+    status, _, err = _in_process(capsys, *_arguments(tmp_path / "nan", "optimizer=sgd", "lr=1e30"))
+    assert status == 1, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("keras-vit-train: error: Loss became nan at epoch 1"), err[-3000:]
 
     workdir = tmp_path / "interrupted"
     process = subprocess.Popen(_cli(workdir, "epochs=1000", "steps_per_epoch=50"), env=subprocess_env(),
@@ -225,11 +249,10 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
         if "Training starts at epoch" in line:
             break
     process.send_signal(signal.SIGSTOP)  # Paused while the second run starts (its lock held), not training on.
-    second = subprocess.run(_cli(workdir, "epochs=1000", "steps_per_epoch=50"), env=subprocess_env(),
-                            capture_output=True, text=True, timeout=300)  # The same command, while it trains.
-    assert second.returncode == 1 and second.stderr.strip().splitlines()[-1].startswith(
+    status, _, err = _in_process(capsys, *_arguments(workdir, "epochs=1000", "steps_per_epoch=50"))  # meanwhile
+    assert status == 1 and err.strip().splitlines()[-1].startswith(
         f"keras-vit-train: error: Another process (process {process.pid} on ") and f"is training in {workdir}: its " \
-        "backup" in second.stderr and "Traceback" not in second.stderr, second.stderr[-3000:]
+        "backup" in err and "Traceback" not in err, err[-3000:]
     assert process.poll() is None, "training ended before it could be interrupted"
     process.send_signal(signal.SIGCONT)
     process.send_signal(signal.SIGINT)
@@ -239,37 +262,33 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path):
                                  f"resume from its last backup in {workdir}/backup/."), "".join(lines)[-3000:]
     assert not any("Traceback" in line for line in lines), "".join(lines)[-3000:]
 
-    other_model = subprocess.run(_cli(workdir, "epochs=1000", "steps_per_epoch=50", "hidden_dim=32"),
-                                 env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert other_model.returncode == 1, other_model.stderr[-3000:]
-    assert other_model.stderr.strip().splitlines()[-1].startswith(
+    status, _, err = _in_process(capsys, *_arguments(workdir, "epochs=1000", "steps_per_epoch=50", "hidden_dim=32"))
+    assert status == 1 and err.strip().splitlines()[-1].startswith(
         f"keras-vit-train: error: {workdir} holds the backup of a run with another model or optimizer "
-        "(hidden_dim 16 -> 32).") and "Traceback" not in other_model.stderr, other_model.stderr[-3000:]
+        "(hidden_dim 16 -> 32).") and "Traceback" not in err, err[-3000:]
 
 
-@pytest.mark.slow
-def test_cli_print_config_applies_overrides(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "keras_vit.cli.train", "--config=finetune", f"--workdir={tmp_path}",
-                             "--override=lr=0.01", "--print_config"], env=subprocess_env(), capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    config = json.loads(result.stdout)
+def test_cli_print_config_applies_overrides(tmp_path, capsys):
+    status, out, err = _in_process(capsys, "--config=finetune", f"--workdir={tmp_path}", "--override=lr=0.01",
+                                   "--print_config")
+    assert status == 0, err
+    config = json.loads(out)
     assert (config["recipe"], config["optimizer"], config["lr"]) == ("finetune", "sgd", 0.01)
 
 
-@pytest.mark.slow
-def test_cli_bad_input_ends_in_one_line(tmp_path):
+def test_cli_bad_input_ends_in_one_line(tmp_path, capsys, monkeypatch):
     """An unknown override and a dataset that is not prepared: exit status 1 and the message, no traceback; with
-    KERAS_VIT_TRACEBACK=1, the traceback."""
-    command = [sys.executable, "-m", "keras_vit.cli.train", "--config=finetune", f"--workdir={tmp_path / 'run'}"]
+    KERAS_VIT_TRACEBACK=1, the exception itself."""
+    command = ["--config=finetune", f"--workdir={tmp_path / 'run'}"]
     unknown = ["--override=lr=0.01", "--override=learning_rate=0.01"]
     message = "Unknown config field 'learning_rate' in override 'learning_rate=0.01'. Expected one "
-    for overrides, variables, traceback, last_line in [
-            (unknown, {}, False, f"keras-vit-train: error: {message}"),
-            ([f"--override=data_dir={tmp_path}"], {}, False,
-             f"keras-vit-train: error: TFDS dataset 'imagenet2012' is not prepared in '{tmp_path}/imagenet2012/"),
-            (unknown, {"KERAS_VIT_TRACEBACK": "1"}, True, f"ValueError: {message}")]:
-        result = subprocess.run([*command, *overrides], env=subprocess_env(**variables), capture_output=True,
-                                text=True, timeout=120)
-        assert result.returncode == 1 and ("Traceback" in result.stderr) == traceback, result.stderr[-3000:]
-        assert result.stderr.strip().splitlines()[-1].startswith(last_line), result.stderr[-3000:]
+    for overrides, last_line in [
+            (unknown, f"keras-vit-train: error: {message}"),
+            ([f"--override=data_dir={tmp_path}"],
+             f"keras-vit-train: error: TFDS dataset 'imagenet2012' is not prepared in '{tmp_path}/imagenet2012/")]:
+        status, _, err = _in_process(capsys, *command, *overrides)
+        assert status == 1 and "Traceback" not in err, err[-3000:]
+        assert err.strip().splitlines()[-1].startswith(last_line), err[-3000:]
+    monkeypatch.setenv("KERAS_VIT_TRACEBACK", "1")
+    with pytest.raises(ValueError, match=message):
+        _in_process(capsys, *command, *unknown)
