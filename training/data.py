@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from typing import Callable
 
 import keras
 import numpy as np
@@ -269,6 +270,9 @@ class Datasets:
 
     train: tf.data.Dataset  # Repeats forever: `model.fit` needs `steps_per_epoch`.
     eval: tf.data.Dataset
+    # The training stream after its first n batches (a resumed run's); exact but for RandAugment and MixUp, whose
+    # random state is the process's.
+    train_after: Callable[[int], tf.data.Dataset]
     num_classes: int
     num_train_examples: int | None  # Of all processes.
     num_eval_examples: int | None  # Of all processes.
@@ -289,22 +293,27 @@ def make_datasets(config: Config) -> Datasets:
     batch_size = shard.per_process_batch(config.batch_size)
     train = get_source(config, config.train_split, training=True, shard=shard)
     evaluation = get_source(config, config.eval_split, training=False, class_names=train.class_names, shard=shard)
-    train_ds = train.dataset.repeat()
-    if config.shuffle_buffer > 1:
-        train_ds = train_ds.shuffle(config.shuffle_buffer, seed=config.seed)
-    train_ds = tf.data.Dataset.zip(train_ds, _example_seeds(config.seed, shard))
-    train_ds = train_ds.map(_train_map(config, train.num_classes), num_parallel_calls=AUTOTUNE)
-    train_ds = train_ds.batch(batch_size, drop_remainder=True)
-    augment = _batch_augment(config)
-    if augment is not None:
-        train_ds = train_ds.map(augment, num_parallel_calls=AUTOTUNE)
+    def train_after(batches: int) -> tf.data.Dataset:
+        examples = train.dataset.repeat()
+        if config.shuffle_buffer > 1:
+            examples = examples.shuffle(config.shuffle_buffer, seed=config.seed)
+        # The examples of the first `batches` batches and their seeds are left out before any decoding map: the
+        # stream goes on as if they had been trained on (a resumed run's).
+        examples = tf.data.Dataset.zip(examples, _example_seeds(config.seed, shard)).skip(batches * batch_size)
+        train_ds = examples.map(_train_map(config, train.num_classes), num_parallel_calls=AUTOTUNE)
+        train_ds = train_ds.batch(batch_size, drop_remainder=True)
+        augment = _batch_augment(config)
+        if augment is not None:
+            train_ds = train_ds.map(augment, num_parallel_calls=AUTOTUNE)
+        return _finish(train_ds, train.shard_policy)
+
     eval_ds = evaluation.dataset.map(_eval_map(config, train.num_classes), num_parallel_calls=AUTOTUNE)
     eval_ds = eval_ds.batch(batch_size)
     train_sizes = multihost.gather_counts(train.num_examples)
     eval_sizes = multihost.gather_counts(evaluation.num_examples)
     # tf.distribute does not shard the evaluation: every worker runs the same number of steps over all of it
     # (uneven shards would leave one worker waiting in a collective), and the replica means agree.
-    return Datasets(_finish(train_ds, train.shard_policy), _finish(eval_ds, tf.data.experimental.AutoShardPolicy.OFF),
+    return Datasets(train_after(0), _finish(eval_ds, tf.data.experimental.AutoShardPolicy.OFF), train_after,
                     train.num_classes, None if train_sizes is None else sum(train_sizes),
                     None if eval_sizes is None else sum(eval_sizes),
                     sum(multihost.gather_counts(train.skipped + evaluation.skipped)), batch_size, eval_sizes)

@@ -147,12 +147,24 @@ class SyncedBackupAndRestore(keras.callbacks.BackupAndRestore):
         super().on_train_end(logs)  # Keeps the backup (delete_checkpoint=False).
         if self.save_freq == "epoch" or not self._epochs_ended:  # Saved at the last epoch's end, or nothing new.
             return
+        self.save_now()
+
+    def save_now(self) -> bool:
+        """Writes the backup of the model's state now (a preempted run's step); False where this Keras has no
+        `SAVE`, whose backup stays the last one written."""
         save = getattr(self, self.SAVE, None)
         if save is None:
-            logging.warning("This Keras (%s) has no BackupAndRestore.%s: the backup keeps the state of its last step "
-                            "save, not the end of training.", keras.__version__, self.SAVE)
-            return
+            logging.warning("This Keras (%s) has no BackupAndRestore.%s: the backup stays the last one written.",
+                            keras.__version__, self.SAVE)
+            return False
         save()
+        return True
+
+    def restore_now(self, model: keras.Model) -> None:
+        """Restores `model` (weights, optimizer state and first epoch) from the backup before `fit`, as `fit`'s
+        start does again, so that the run knows its step first (`train_and_evaluate` skips the batches trained)."""
+        self.set_model(model)
+        self.on_train_begin()
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)

@@ -1,6 +1,8 @@
 """`train_and_evaluate(config, workdir)`: the one training run of every recipe. `model.fit` under a
 tf.distribute strategy (TensorFlow) or a keras.distribution (JAX; `distribute.py`) with crash-safe backups
-(`resume.py`), last (and best) weights, TensorBoard, NaN stop and a final evaluation. The recipe is looked up by
+(`resume.py`) from which a rerun resumes at the batch they were written after, a stop at the step a SIGTERM
+arrives in with its backup (`preemption.py`), last (and best) weights, TensorBoard, NaN stop and a final
+evaluation. The recipe is looked up by
 `config.recipe` in `RECIPES` (`training/recipe.py` says what a recipe provides; `supervised.py` and
 `masked.py` are the recipes).
 
@@ -36,7 +38,7 @@ import tensorflow as tf
 from keras_vit.atomic import atomic_write, check_free_space, variables_bytes
 
 from . import data as data_lib
-from . import distribute, masked, multihost, resume, supervised
+from . import distribute, masked, multihost, preemption, resume, supervised
 from .configs import Config
 from .recipe import Recipe, architecture, build_backbone
 
@@ -361,7 +363,8 @@ def exact_results(results: dict) -> dict[str, float]:
 
 
 def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Strategy = None,
-                       callbacks: Sequence[keras.callbacks.Callback] = (), verbose: str | int = "auto") -> dict:
+                       callbacks: Sequence[keras.callbacks.Callback] = (), verbose: str | int = "auto",
+                       preemption_grace_s: float = preemption.DEFAULT_GRACE_S) -> dict:
     """Trains `config` in `workdir` (resuming from its backup), evaluates, saves the recipe's files.
 
     Args:
@@ -372,6 +375,8 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
             Defaults to the current one (`tf.distribute.get_strategy()`, `keras.distribution.distribution()`).
         callbacks: extra Keras callbacks, run after the NaN guard.
         verbose: `model.fit` verbosity (the progress bar). Defaults to `"auto"`.
+        preemption_grace_s: seconds a SIGTERM leaves the run (called in the main thread) to end its step and
+            back it up (`preemption`); past them it exits, keeping the last backup. Defaults to 25.
 
     Returns:
         dict with the eval split's metrics (`top1`, `top5`, `loss` for the supervised recipes; the masked
@@ -382,6 +387,8 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
     Raises:
         NaNLossError: at the first non-finite loss; KeyboardInterrupt: on Ctrl-C. The backup keeps the last good
             state, and the same call resumes from it.
+        preemption.Preempted: on a SIGTERM, after the step it arrived in, whose backup it wrote: the same call
+            resumes from that step (the data too: `Datasets.train_after`).
         resume.ResumeConfigError: the workdir's backup is of another model or optimizer
             (`resume.check_resume_config`).
         resume.RunInProgressError: another process is training in the workdir as this worker
@@ -395,17 +402,27 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
                  run.epochs, run.steps_per_epoch)
     with resume.exclusive_backup(workdir, run.worker):
         resume.check_resume_config(config, workdir, run.worker)
-        model, backbone, results = _fit_and_evaluate(config, workdir, strategy, run, callbacks, verbose)
+        model, backbone, results = _fit_and_evaluate(config, workdir, strategy, run, callbacks, verbose,
+                                                     preemption_grace_s)
         summary = _save(config, workdir, run, model, backbone, results)
         shutil.rmtree(resume.backup_dir(workdir, run.worker), ignore_errors=True)  # The run is complete.
     return summary
 
 
+def fit_plan(trained: int, steps_per_epoch: int, epochs: int) -> list[tuple[int, int]]:
+    """(epochs, steps_per_epoch) of each `fit` of a run that has trained `trained` batches: the rest of a partly
+    trained epoch first (a run stopped mid-epoch, by a SIGTERM or after a step backup), then the whole ones."""
+    first_epoch, into_epoch = divmod(trained, steps_per_epoch)
+    rest = [(first_epoch + 1, steps_per_epoch - into_epoch)] if into_epoch and first_epoch < epochs else []
+    return [*rest, (epochs, steps_per_epoch)]
+
+
 def _fit_and_evaluate(config: Config, workdir: str, strategy: distribute.Strategy, run: Run,
-                      callbacks: Sequence[keras.callbacks.Callback], verbose: str | int
+                      callbacks: Sequence[keras.callbacks.Callback], verbose: str | int, grace_s: float
                       ) -> tuple[keras.Model, keras.Model, dict]:
-    """Builds, fits (resuming from the backup) and evaluates: (model, backbone, eval results). A NaN stop or Ctrl-C
-    raises its error afresh, once the stopped input pipeline is freed."""
+    """Builds, fits (resuming from the backup at the batch it was written after) and evaluates: (model, backbone,
+    eval results). A NaN stop, Ctrl-C or a SIGTERM raises its error afresh, once the stopped input pipeline is
+    freed."""
     recipe = recipe_of(config)
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(PRECISIONS[config.precision])
@@ -416,13 +433,24 @@ def _fit_and_evaluate(config: Config, workdir: str, strategy: distribute.Strateg
             model.compile(optimizer=make_optimizer(config, run.epochs * run.steps_per_epoch),
                           **recipe.compile(config, run.datasets.num_classes))
         nan_guard, *standard = make_callbacks(config, workdir, run.outdir, run.worker, best_metric=recipe.best_metric)
+        backup = next(callback for callback in standard if isinstance(callback, resume.SyncedBackupAndRestore))
         eval_data = evaluation_data(config, run.datasets)
-        with distribute.run_scope(strategy):
-            model.fit(recipe.inputs(run.datasets.train), epochs=run.epochs, steps_per_epoch=run.steps_per_epoch,
-                      shuffle=False,  # tf.data shuffles.
-                      validation_data=eval_data if config.validate else None,
-                      callbacks=[nan_guard, *callbacks, *standard], verbose=verbose)
+        accumulation = max(1, config.grad_accum_steps)
+        with distribute.build_scope(strategy):
+            backup.restore_now(model)  # first, to know the batches trained
+        trained = optimizer_iterations(model) * accumulation
+        with distribute.run_scope(strategy), preemption.sigterm_requests(grace_s) as request:
+            for epochs, steps in fit_plan(trained, run.steps_per_epoch, run.epochs):
+                stop = preemption.StopAtStep(request, backup.save_now, trained, accumulation)
+                model.fit(recipe.inputs(run.datasets.train_after(trained)),
+                          initial_epoch=trained // run.steps_per_epoch, epochs=epochs, steps_per_epoch=steps,
+                          shuffle=False,  # tf.data shuffles.
+                          validation_data=eval_data if config.validate else None,
+                          callbacks=[nan_guard, *callbacks, *standard, stop], verbose=verbose)
+                trained = epochs * run.steps_per_epoch
             results = model.evaluate(eval_data, return_dict=True, verbose=0)
+    except preemption.Preempted as error:
+        stopped = error
     except NaNLossError as error:
         stopped = NaNLossError(str(error))
     except KeyboardInterrupt:

@@ -10,7 +10,8 @@
     KERAS_BACKEND=jax keras-vit-train --config=digits --workdir=/tmp/d --coordinator_address=10.0.0.1:1234 \
         --num_processes=2 --process_id=0        # and --process_id=1 on the second host
 
-Run the same command again after a crash to resume from `workdir/backup/`.
+Run the same command again after a crash to resume from `workdir/backup/`; after a SIGTERM (a preempted VM), which
+ends the run at the end of its step with a backup of that step (exit status 143), from that step.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ _JOIN_TIMEOUT = flags.DEFINE_integer("join_timeout", 300, "JAX multi-process: se
 _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
     "heartbeat_timeout", 100, "JAX multi-process: seconds after which the processes stop when one of them stopped "
     "answering (crashed, killed, host lost). Run the same commands again to resume.")
+_GRACE = flags.DEFINE_float(
+    "grace_period", 25.0, "Seconds a SIGTERM (a spot / preemptible VM, Kubernetes, a batch scheduler) leaves the run "
+    "to end its step and back it up; it then exits with status 143, and the same command resumes from that step. "
+    "Keep it under the scheduler's (Kubernetes: terminationGracePeriodSeconds, default 30).")
 _VERBOSE = flags.DEFINE_integer("verbose", 1, "Keras progress output: 0 silent, 1 progress bar, 2 one line "
                                 "per epoch.")
 _PRINT_CONFIG = flags.DEFINE_bool("print_config", False, "Print the recipe with the overrides applied (field "
@@ -79,7 +84,7 @@ def main(argv: list[str]) -> None:
     cli.require("keras-vit-train", "training")  # spelled out: tests/project/test_dependencies.py reads this call
     import keras
 
-    from keras_vit.training import configs, distribute, multihost, resume, trainer
+    from keras_vit.training import configs, distribute, multihost, preemption, resume, trainer
 
     logging.getLogger().setLevel(logging.INFO)
     try:
@@ -104,13 +109,18 @@ def main(argv: list[str]) -> None:
         raise SystemExit(cli.error_line(COMMAND, error)) from None
     logging.info("Devices: %s", distribute.device_names())
     try:
-        summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value)
+        summary = trainer.train_and_evaluate(config, _WORKDIR.value, strategy=strategy, verbose=_VERBOSE.value,
+                                             preemption_grace_s=_GRACE.value)
     except (trainer.NaNLossError, resume.ResumeConfigError, resume.RunInProgressError) as error:  # In one line.
         raise SystemExit(cli.error_line(COMMAND, error)) from None
     except cli.INPUT_ERRORS as error:  # Data that cannot be read (not prepared, unknown), a file that is missing.
         if cli.wants_traceback():
             raise
         raise SystemExit(cli.error_line(COMMAND, error)) from None
+    except preemption.Preempted as stop:
+        print(f"{COMMAND}: {stop}. Run the same command (--workdir={_WORKDIR.value}) to resume from it.",
+              file=sys.stderr)
+        raise SystemExit(preemption.EXIT_STATUS) from None
     except KeyboardInterrupt:
         print(f"{COMMAND}: interrupted. Run the same command (--workdir={_WORKDIR.value}) to resume from its "
               f"last backup in {_WORKDIR.value}/backup/.", file=sys.stderr)

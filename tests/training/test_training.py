@@ -12,9 +12,11 @@ import gc
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import keras
@@ -24,7 +26,7 @@ import tensorflow as tf
 
 import keras_vit
 from tests.testing import TRAIN_TINY, TRAIN_VIT, python_path, save_checkpoint, subprocess_env, vit_checkpoint
-from keras_vit.training import configs, data, resume, supervised, trainer
+from keras_vit.training import configs, data, preemption, resume, supervised, trainer
 from keras_vit.training.configs import Config
 
 
@@ -405,6 +407,53 @@ def test_interrupt_mid_epoch_frees_the_pipeline_and_resumes(tmp_path):
     # The same call resumes from the end of epoch 1 and runs the 3 x 4 steps in all.
     summary = trainer.train_and_evaluate(config, str(tmp_path), verbose=0)
     assert summary["optimizer_iterations"] == 12 and os.path.exists(summary["model_path"])
+
+
+class SigtermAt(keras.callbacks.Callback):
+    """A real SIGTERM to this process (as a preempted VM's) as optimizer step `step + 1` begins."""
+
+    def __init__(self, step: int):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if trainer.optimizer_iterations(self.model) == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_fit_plan_trains_the_rest_of_a_partly_trained_epoch_first():
+    assert trainer.fit_plan(0, 4, 3) == [(3, 4)]
+    assert trainer.fit_plan(7, 4, 3) == [(2, 1), (3, 4)]  # epoch 2's last step, then epoch 3
+    assert trainer.fit_plan(8, 4, 3) == [(3, 4)]
+    assert trainer.fit_plan(12, 4, 3) == [(3, 4)]  # trained: `fit` runs no epoch
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="Python takes signal handlers in the main thread only")
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_sigterm_mid_epoch_stops_after_its_step_and_the_rerun_resumes_there_as_never_stopped(tmp_path, accumulation):
+    """A SIGTERM in step 6 of 12 (epoch 2 of 3, shuffled data): the run ends after that step with its backup; the
+    same call resumes at step 6 (the rest of epoch 2, then epoch 3, on the data that comes next) and ends with
+    the weights and loss of the run never stopped. With 2 micro-batches an update, it stops at an update's end."""
+    config = tiny_config("epochs=3", "steps_per_epoch=4", "shuffle_buffer=64", f"grad_accum_steps={accumulation}")
+    straight = trainer.train_and_evaluate(config, str(tmp_path / "straight"), verbose=0)
+    stopped_dir, handler = tmp_path / "stopped", signal.getsignal(signal.SIGTERM)
+    with pytest.raises(preemption.Preempted) as stop:
+        trainer.train_and_evaluate(config, str(stopped_dir), callbacks=[SigtermAt(5 // accumulation)], verbose=0)
+    assert stop.value.backed_up and stop.value.step == 6 // accumulation, str(stop.value)
+    assert signal.getsignal(signal.SIGTERM) == handler  # the run's own handler is gone
+    resumed = trainer.train_and_evaluate(config, str(stopped_dir), verbose=0)
+    starts = [json.loads(line) for line in (stopped_dir / "train_log.jsonl").read_text().splitlines()]
+    assert starts == [{"initial_epoch": 0, "optimizer_iterations": 0},
+                      {"initial_epoch": 1, "optimizer_iterations": 6 // accumulation}]
+    assert resumed["optimizer_iterations"] == straight["optimizer_iterations"] == 12 // accumulation
+    assert resumed["loss"] == pytest.approx(straight["loss"], rel=1e-6, abs=1e-7)
+    for got, want in zip(*(keras.saving.load_model(summary["model_path"], compile=False).get_weights()
+                           for summary in (resumed, straight))):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    rows = list(csv.DictReader(open(stopped_dir / "history.csv")))
+    assert [row["epoch"] for row in rows] == ["0", "1", "2"]  # no row for the stopped part of epoch 2
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,11 +179,11 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path):
     assert f"model saved to {tmp_path / 'model.keras'}" in results[0][1], results[0][1][-3000:]
     for outdir in (tmp_path, tmp_path / "worker_1"):
         starts = [json.loads(line) for line in (outdir / "train_log.jsonl").read_text().splitlines()]
-        # The restart begins exactly at the last backup: epoch 2 (index 1) from its first batch,
-        # optimizer step 6; the 4 steps of epoch 2 and the 4 of epoch 3 follow: 14 in all.
+        # The restart begins exactly at the last backup, optimizer step 6 (epoch 2, index 1, after its second
+        # batch): the last 2 steps of epoch 2 and the 4 of epoch 3 follow: 12 in all, as a run never stopped.
         assert starts == [{"initial_epoch": 0, "optimizer_iterations": 0},
                           {"initial_epoch": 1, "optimizer_iterations": 6}], (outdir, starts)
-        assert json.load(open(outdir / "model.eval.json"))["optimizer_iterations"] == 14
+        assert json.load(open(outdir / "model.eval.json"))["optimizer_iterations"] == 12
     chief, other = _weights(str(tmp_path / "model.keras")), _weights(str(tmp_path / "worker_1" / "model.keras"))
     assert all(np.array_equal(a, b) for a, b in zip(chief, other))
     assert not (tmp_path / "backup" / "worker_0").exists() and not (tmp_path / "backup" / "worker_1").exists()
@@ -233,8 +234,8 @@ def test_cli_help_explains_every_flag_and_a_url_workdir_is_one_line(capsys, monk
 @pytest.mark.slow
 def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path, capsys):
     """A NaN stop exits with 1 and its message, a second run of a workdir while it trains and a resume with another
-    model with 1 and what is wrong, Ctrl-C (SIGINT) mid-training with 130 and how to resume: one line each, no
-    traceback."""
+    model with 1 and what is wrong, Ctrl-C (SIGINT) mid-training with 130 and how to resume, a SIGTERM with 143,
+    the step it backed up and how to resume: one line each, no traceback."""
     status, _, err = _in_process(capsys, *_arguments(tmp_path / "nan", "optimizer=sgd", "lr=1e30"))
     assert status == 1, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("keras-vit-train: error: Loss became nan at epoch 1"), err[-3000:]
@@ -261,6 +262,25 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path, capsys):
     assert lines[-1].strip() == (f"keras-vit-train: interrupted. Run the same command (--workdir={workdir}) to "
                                  f"resume from its last backup in {workdir}/backup/."), "".join(lines)[-3000:]
     assert not any("Traceback" in line for line in lines), "".join(lines)[-3000:]
+
+    # The same command resumes; a SIGTERM (a preempted VM) ends it after its step, with that step's backup.
+    process = subprocess.Popen(_cli(workdir, "epochs=1000", "steps_per_epoch=50"), env=subprocess_env(),
+                               stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if "Training starts at epoch" in line:
+            break
+    time.sleep(1.0)  # some steps in
+    process.send_signal(signal.SIGTERM)
+    lines += process.stderr.readlines()
+    assert process.wait(timeout=120) == 143, "".join(lines)[-3000:]
+    step = int(re.fullmatch(r"keras-vit-train: Preempted \(SIGTERM\) after step (\d+): its backup is written\. Run the "
+                            rf"same command \(--workdir={re.escape(str(workdir))}\) to resume from it\.",
+                            lines[-1].strip()).group(1))
+    assert not any("Traceback" in line for line in lines), "".join(lines)[-3000:]
+    starts = [json.loads(line) for line in (workdir / "train_log.jsonl").read_text().splitlines()]
+    assert starts[-1]["optimizer_iterations"] < step  # it trained on after its start
 
     status, _, err = _in_process(capsys, *_arguments(workdir, "epochs=1000", "steps_per_epoch=50", "hidden_dim=32"))
     assert status == 1 and err.strip().splitlines()[-1].startswith(
