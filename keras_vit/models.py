@@ -227,10 +227,11 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
     if config.norm_pre:
         x = LayerNormalization(epsilon=config.layer_norm_epsilon, name="norm_pre")(x)
     rotary = {}
-    if config.position_embedding == "rope":  # the angles of q and k, from each image's own patch grid
+    if config.rope is not None:  # the angles of q and k, from each image's own patch grid
         rotary["rotary"] = vit_layers.RotaryPositionEmbedding(
             config.hidden_dim // config.num_heads, config.stride, config.num_prefix_tokens, config.rope_theta,
-            config.rope_shift, config.rope_jitter, config.rope_rescale, name="rope")(image)
+            config.rope_shift, config.rope_jitter, config.rope_rescale, form=config.rope,
+            reference_grid=config.rope_reference_grid, name="rope")(image)
     block_arguments = config.arguments_of(vit_layers.TransformerBlock)
     for i in range(config.num_layers):
         rate = config.drop_path_rate * i / max(config.num_layers - 1, 1)  # rising linearly over the blocks
@@ -316,11 +317,15 @@ Args:
         head (the ImageNet-21k pre-training head). Defaults to `None`: no such layer, except
         that pretrained weights whose head is loaded (`include_top=True` and the checkpoint's
         `classes`) bring their own (e.g. `weights="imagenet21k"`, 21843 classes).
-    position_embedding: `"learned"`, `"learned_2d"`, `"sincos_2d"`, `"none"` or `"rope"` (no table: q and k of
-        the patch tokens rotated by their positions, DINOv3's `RotaryPositionEmbedding`, from each image's own grid).
-        Defaults to `"learned"` (that of `weights=` a DINOv3 file: `"rope"`).
-    rope_theta: float. The base period of `"rope"`'s frequencies, theta ** (-4 j / head_dim). Defaults to `100.0`
-        (DINOv3's; a DINOv3 file's config.json fixes it).
+    position_embedding: `"learned"`, `"learned_2d"`, `"sincos_2d"` or `"none"`: the table added to the tokens.
+        Defaults to `"learned"` (that of `weights=` a DINOv3 file: `"none"`).
+    rope: optional `"dinov3"` or `"eva02"`: q and k of the patch tokens rotated by their positions
+        (`RotaryPositionEmbedding`, from each image's own grid; DINOv3's centred coordinates or EVA-02's patch
+        indices). Defaults to `None` (that of `weights=` a DINOv3 or EVA-02 file: its form).
+    rope_theta: float. The base period of the rotary frequencies, theta ** (-4 j / head_dim). Defaults to `100.0`
+        (DINOv3's; EVA-02's is 10000; a file's config fixes it).
+    rope_reference_grid: optional (rows, columns), with `rope="eva02"`: EVA-02 measures positions in patches of
+        its pre-training grid (timm's `ref_feat_shape`, (16, 16)). Defaults to `None` (that of an EVA-02 file).
     rope_shift, rope_jitter, rope_rescale: optional floats. DINOv3's train-time augmentations of the rotary
         coordinates (shift in [-shift, shift]; log-uniform scale per axis in [1 / jitter, jitter]; one for both
         axes in [1 / rescale, rescale]), in training only. Default to `None` (off; a DINOv3 file's, e.g.
@@ -336,7 +341,9 @@ Args:
     activation: optional `"gelu"` (as `gelu_approximate` says), `"quick_gelu"` (OpenAI CLIP) or `"silu"`
         (DINOv3 H+ / 7B). Defaults to `None`: as `layer_norm_epsilon`, the checkpoint's, else `"gelu"`.
     gated_mlp: bool. The SwiGLU MLP, `Dense_1(act(Dense_gate(x)) * Dense_0(x))` (`use_gated_mlp`: DINOv3 H+ /
-        7B). Defaults to `False` (that of `weights=` a file with a gate).
+        7B, EVA-02). Defaults to `False` (that of `weights=` a file with a gate).
+    mlp_norm: bool. A LayerNorm on the MLP's hidden layer, before `Dense_1` (`scale_mlp`: EVA-02 B / L). Defaults
+        to `False` (that of `weights=` a file with one).
     layer_scale_init: optional float. Per-channel learned scales of every residual branch, starting at
         this value (`init_values`). Defaults to `None`: none.
     qk_norm: bool. LayerNorm each head's q and k (`qk_norm`). Defaults to `False`.

@@ -36,7 +36,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 ARCHITECTURE = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers")
 CLASSIFIERS = ("token", "gap", "map")
-POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none", "rope")
+POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
+ROPE_FORMS = ("dinov3", "eva02")  # the coordinates of `RotaryPositionEmbedding`
 ACTIVATIONS = ("gelu", "quick_gelu", "silu")
 RESIZE_MODES = ("squash", "shortest_edge")
 # How a position table is resized to another grid (`keras_vit.checkpoints.resample`): the original's linear rule
@@ -69,8 +70,10 @@ class ViTConfig:
     resnet_stages: tuple[int, ...] | None = None
     # Tokens, pooling and head.
     classifier: str = "token"
-    position_embedding: str = "learned"  # "rope": no table; q and k rotated (`RotaryPositionEmbedding`)
-    rope_theta: float = 100.0  # RoPE's base period (DINOv3's)
+    position_embedding: str = "learned"  # the table added to the tokens ("none": DINOv3)
+    rope: str | None = None  # rotary positions of q and k (`RotaryPositionEmbedding`): "dinov3" or "eva02"
+    rope_theta: float = 100.0  # RoPE's base period (DINOv3's; EVA-02's is 10000)
+    rope_reference_grid: tuple[int, int] | None = None  # "eva02": positions in patches of this grid (its pre-training)
     rope_shift: float | None = None  # RoPE's train-time augmentations of the patch coordinates (DINOv3's
     rope_jitter: float | None = None  # pos_embed_shift, _jitter, _rescale); training only
     rope_rescale: float | None = None
@@ -86,6 +89,7 @@ class ViTConfig:
     qk_norm: bool = False  # [qk_norm]
     fc_norm: bool = False  # [fc_norm]
     gated_mlp: bool = False  # SwiGLU form: Dense_1(act(Dense_gate(x)) * Dense_0(x)) (DINOv3 H+ / 7B, EVA-02)
+    mlp_norm: bool = False  # [scale_mlp] a LayerNorm on the MLP's hidden layer (EVA-02 B / L)
     # Numerics: the original's (vit_jax) by default.
     layer_norm_epsilon: float = 1e-6
     gelu_approximate: bool = True
@@ -100,6 +104,9 @@ class ViTConfig:
         stages = self.resnet_stages
         if stages is not None and not isinstance(stages, tuple):
             object.__setattr__(self, "resnet_stages", tuple(stages) or None)
+        grid = self.rope_reference_grid
+        if isinstance(grid, list):
+            object.__setattr__(self, "rope_reference_grid", tuple(grid))
         self._check()
 
     def _check(self) -> None:
@@ -115,10 +122,18 @@ class ViTConfig:
                              f"no_embed_class or fc_norm. Received: classifier={self.classifier!r}, "
                              f"num_register_tokens={self.num_register_tokens}, no_embed_class="
                              f"{self.no_embed_class}, fc_norm={self.fc_norm}")
-        if self.position_embedding == "rope" and (self.hidden_dim // self.num_heads) % 4:
-            raise ValueError(f"position_embedding='rope' needs a head size (hidden_dim / num_heads) divisible by 4 "
+        if self.rope not in (None, *ROPE_FORMS):
+            raise ValueError(f"rope must be None (no rotary positions) or one of {ROPE_FORMS}. Received: "
+                             f"rope={self.rope!r}")
+        if self.rope is not None and (self.hidden_dim // self.num_heads) % 4:
+            raise ValueError(f"rope={self.rope!r} needs a head size (hidden_dim / num_heads) divisible by 4 "
                              f"(two axes, sine and cosine). Received: hidden_dim={self.hidden_dim}, "
                              f"num_heads={self.num_heads}")
+        grid = self.rope_reference_grid
+        if grid is not None and (self.rope != "eva02" or not isinstance(grid, tuple) or len(grid) != 2 or not all(
+                isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in grid)):
+            raise ValueError(f"rope_reference_grid must be None or (rows, columns), positive ints, with rope='eva02'. "
+                             f"Received: rope_reference_grid={grid!r}, rope={self.rope!r}")
         theta = self.rope_theta
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
             raise ValueError(f"rope_theta must be a positive number. Received: rope_theta={theta!r}")

@@ -53,16 +53,23 @@ def silu(x):
     return x / (1 + np.exp(-x))
 
 
-def rope_tables(grid_size, head_dim: int, theta: float, num_prefix_tokens: int):
-    """DINOv3's 2-D rotary position embedding (the DINOv3 paper, Sec. 3; transformers' `DINOv3ViTRopePosition
-    Embedding`), float64: cos and sin of each token's angles, (prefix + rows * columns, head_dim). Patch centres
-    normalized to [-1, 1] per axis, (y, x); frequencies theta ** (-4 j / head_dim), j < head_dim / 4; angles
-    2 pi [y w, x w] twice over; the prefix tokens' angles 0."""
+def rope_tables(grid_size, head_dim: int, theta: float, num_prefix_tokens: int, form: str = "dinov3",
+                reference_grid=None):
+    """A 2-D rotary position embedding, float64: cos and sin of each token's angles, (prefix + rows * columns,
+    head_dim), in the half layout. DINOv3's (the DINOv3 paper, Sec. 3; transformers' `DINOv3ViTRopePosition
+    Embedding`): patch centres normalized to [-1, 1] per axis, (y, x), times 2 pi; EVA-02's (timm's
+    `RotaryEmbeddingCat`, `in_pixels=False`): patch indices, scaled to `reference_grid` (timm's `ref_feat_shape`)
+    if given. Frequencies theta ** (-4 j / head_dim), j < head_dim / 4; angles [y w, x w] twice over; the prefix
+    tokens' angles 0."""
     rows, columns = grid_size
-    y, x = np.meshgrid((np.arange(rows) + 0.5) / rows * 2 - 1, (np.arange(columns) + 0.5) / columns * 2 - 1,
-                       indexing="ij")
+    if form == "dinov3":
+        axes = [2 * np.pi * ((np.arange(size) + 0.5) / size * 2 - 1) for size in grid_size]
+    else:
+        axes = [np.arange(size) * (1.0 if reference_grid is None else reference_grid[i] / size)
+                for i, size in enumerate(grid_size)]
+    y, x = np.meshgrid(*axes, indexing="ij")
     omega = theta ** -(np.arange(head_dim // 4) * 4 / head_dim)
-    angles = 2 * np.pi * np.concatenate([np.outer(y.ravel(), omega), np.outer(x.ravel(), omega)], axis=1)
+    angles = np.concatenate([np.outer(y.ravel(), omega), np.outer(x.ravel(), omega)], axis=1)
     angles = np.concatenate([np.zeros((num_prefix_tokens, head_dim // 2)), angles])
     angles = np.concatenate([angles, angles], axis=1)
     return np.cos(angles), np.sin(angles)
@@ -85,7 +92,7 @@ def encoder_block(a, block: str, x, attention_scale=1.0, mlp_scale=1.0, *, eps=1
     attended, weights = attention(a, f"{block}/MultiHeadDotProductAttention_1", y, y, eps, rotary)
     x = x + attention_scale * a.get(f"{block}/ls1/scale", 1.0) * attended
     y = layer_norm(x, a[f"{block}/LayerNorm_2/scale"], a[f"{block}/LayerNorm_2/bias"], eps)
-    return x + mlp_scale * a.get(f"{block}/ls2/scale", 1.0) * mlp(a, f"{block}/MlpBlock_3", y, gelu), weights
+    return x + mlp_scale * a.get(f"{block}/ls2/scale", 1.0) * mlp(a, f"{block}/MlpBlock_3", y, gelu, eps), weights
 
 
 def attention(a, m, queries, tokens, eps=1e-6, rotary=None):
@@ -103,13 +110,16 @@ def attention(a, m, queries, tokens, eps=1e-6, rotary=None):
     return np.einsum("bqhk,hkd->bqd", attended, a[f"{m}/out/kernel"]) + a[f"{m}/out/bias"], weights
 
 
-def mlp(a, m, x, gelu=gelu_tanh):
-    """Dense_1(act(Dense_0(x))); where `a` has `Dense_gate` (SwiGLU), Dense_1(act(Dense_gate(x)) * Dense_0(x))."""
+def mlp(a, m, x, gelu=gelu_tanh, eps=1e-6):
+    """Dense_1(act(Dense_0(x))); where `a` has `Dense_gate` (SwiGLU), Dense_1(act(Dense_gate(x)) * Dense_0(x));
+    where it has `norm`, the hidden layer LayerNormed before Dense_1."""
     hidden = x @ a[f"{m}/Dense_0/kernel"] + a[f"{m}/Dense_0/bias"]
     if f"{m}/Dense_gate/kernel" in a:
         hidden = gelu(x @ a[f"{m}/Dense_gate/kernel"] + a[f"{m}/Dense_gate/bias"]) * hidden
     else:
         hidden = gelu(hidden)
+    if f"{m}/norm/scale" in a:  # timm's scale_mlp (EVA-02 B / L)
+        hidden = layer_norm(hidden, a[f"{m}/norm/scale"], a[f"{m}/norm/bias"], eps)
     return hidden @ a[f"{m}/Dense_1/kernel"] + a[f"{m}/Dense_1/bias"]
 
 
@@ -195,7 +205,8 @@ def _resnet(a, x, stages):
 
 
 def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6, gelu=gelu_tanh, pixels=True,
-               no_embed_class=False, block_outputs=None, rope_theta=None):
+               no_embed_class=False, block_outputs=None, rope_theta=None, rope_form="dinov3",
+               rope_reference_grid=None):
     """Logits of the released-layout checkpoint `arrays` on `images` at the images' resolution: pixels in
     [0, 255] mapped to [-1, 1] as the models' preprocessing does, or, with `pixels=False`, images already in
     [-1, 1]. `posemb_grid`: the (rows, columns) its position embedding was trained at, square by default;
@@ -207,8 +218,9 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     norm; the average of the patch tokens, then this norm), layer scale and q/k norms (`encoder_block`),
     no patch-embedding bias (CLIP), attention pooling (`MAPHead_0/...`: `map_head`);
     `no_embed_class`: the position embedding covers only the patches, the class token is prepended after.
-    `block_outputs`: a list that receives each encoder block's output tokens. `rope_theta`: no position table; q and
-    k rotated by DINOv3's rotary angles (`rope_tables`) of this base period."""
+    `block_outputs`: a list that receives each encoder block's output tokens. `rope_theta`: q and k rotated by
+    rotary angles (`rope_tables` of `rope_form` and `rope_reference_grid`) of this base period; the position table
+    is added where `arrays` has one (EVA-02), not otherwise (DINOv3)."""
     a = {key: np.asarray(value, np.float64) for key, value in arrays.items()}
     x = images.astype(np.float64) / 127.5 - 1 if pixels else images.astype(np.float64)
     if resnet_stages:
@@ -227,7 +239,7 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
         x = prepend(a["dist_token"], x)
     if embedded:
         x = prepend(a["cls"], x)
-    if rope_theta is None:
+    if "Transformer/posembed_input/pos_embedding" in a:
         posemb = a["Transformer/posembed_input/pos_embedding"][0]
         old = posemb_grid or (int(np.sqrt(len(posemb) - embedded)),) * 2
         if tuple(old) != (gh, gw):
@@ -245,7 +257,7 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
     rotary = None
     if rope_theta is not None:
         head_dim = a["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"].shape[-1]
-        rotary = rope_tables((gh, gw), head_dim, rope_theta, x.shape[1] - gh * gw)
+        rotary = rope_tables((gh, gw), head_dim, rope_theta, x.shape[1] - gh * gw, rope_form, rope_reference_grid)
     for i in range(num_blocks):
         x, _ = encoder_block(a, f"Transformer/encoderblock_{i}", x, eps=eps, gelu=gelu, rotary=rotary)
         if block_outputs is not None:

@@ -550,10 +550,11 @@ class Family:
 
     def reference(self, arrays, images) -> np.ndarray:
         grid = None if self.checkpoint is None else (self.checkpoint.get("grid", 4),) * 2  # None: the model's own
-        rope = self.config.get("rope_theta", 100.0) if self.config.get("position_embedding") == "rope" else None
+        rope = self.config.get("rope_theta", 100.0) if self.config.get("rope") else None
         return vit_logits(arrays, images, resnet_stages=self.config.get("resnet_stages"), posemb_grid=grid,
                           eps=self.eps, gelu=self.gelu, no_embed_class=self.config.get("no_embed_class", False),
-                          rope_theta=rope)
+                          rope_theta=rope, rope_form=self.config.get("rope"),
+                          rope_reference_grid=self.config.get("rope_reference_grid"))
 
 
 

@@ -34,7 +34,7 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
         patch_size, hidden_dim, mlp_dim, num_heads, num_layers, resnet_stages (None for a plain ViT),
         classifier, representation_size, classes (None without a head), options (the ViT family's
         `VisionTransformer` options: layer scale, registers, no_embed_class, qk_norm, norm_pre, fc_norm, distillation
-        token, patch bias, gated MLP) and
+        token, patch bias, gated MLP, MLP norm) and
         image_size (the square input side of its position embedding).
     """
     if "embedding/kernel" not in shapes:
@@ -80,7 +80,8 @@ def _family_options(shapes: Mapping[str, Sequence[int]], paths: Mapping[str, tup
                 qk_norm=any(path.endswith("/query_norm/gamma") for path in paths),
                 norm_pre="norm_pre/scale" in shapes, fc_norm="fc_norm/scale" in shapes,
                 distillation_token="dist_token" in shapes, patch_bias="embedding/bias" in shapes,
-                gated_mlp=any(path.endswith("/MlpBlock_3/Dense_gate/kernel") for path in paths))
+                gated_mlp=any(path.endswith("/MlpBlock_3/Dense_gate/kernel") for path in paths),
+                mlp_norm=any(path.endswith("/MlpBlock_3/norm/gamma") for path in paths))
 
 
 def _width(shapes: Mapping[str, Sequence[int]], key: str) -> int | None:

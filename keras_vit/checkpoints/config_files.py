@@ -119,7 +119,33 @@ TIMM_ARCHITECTURE = {"embed_dim": "hidden_dim", "depth": "num_layers", "patch_si
 TIMM_HEADS = {"tiny": {192: 3}, "small": {384: 6}, "medium": {512: 8}, "base": {768: 12}, "large": {1024: 16},
               "huge": {1280: 16}, "giant": {1408: 16, 1536: 24}, "gigantic": {1664: 16}, "so400m": {1152: 16},
               "so150m": {896: 14}}
-TIMM_HEADS_BY_NAME = {"vit_base_patch16_gap_224": 16}
+TIMM_HEADS_BY_NAME = {"vit_base_patch16_gap_224": 16, "vit_huge_plus_patch16_dinov3": 20,
+                      "vit_huge_plus_patch16_dinov3_qkvb": 20, "vit_7b_patch16_dinov3": 32}
+# timm's Eva class (timm/models/eva.py) by its entry points' names: EVA and EVA-02, DINOv3, the RoPE ViTs, Perception
+# Encoder. keras_vit implements the DINOv3 ones and EVA-02's image models (not its CLIP towers).
+TIMM_EVA_NAME = re.compile(r"(eva02?|eva_giant|pe_core|pe_lang|pe_spatial)_.*|vit_.*_(dinov3(_qkvb)?|rope_.*)")
+TIMM_DINOV3 = re.compile(r"vit_[a-z0-9_]+_patch16_dinov3(_qkvb)?")
+TIMM_EVA02 = re.compile(r"eva02_(tiny|small|base|large)_patch14_(224|336|448)")
+# What the entry points fix that no tensor shows: DINOv3's rotary positions of base period 100 (no table) and
+# LayerNorm eps 1e-5; EVA-02's rotary positions of base period 10000 in patches of the 16 x 16 grid it was
+# pre-trained on (`ref_feat_shape`), beside its position table. A SwiGLU MLP (`swiglu_mlp`, which the keys show:
+# all of EVA-02's) computes with SiLU, DINOv3's plain one with exact GELU.
+TIMM_EVA_FIELDS = {"dinov3": dict(position_embedding="none", rope="dinov3", rope_theta=100.0, layer_norm_epsilon=1e-5),
+                   "eva02": dict(rope="eva02", rope_theta=10000.0, rope_reference_grid=(16, 16))}
+# `model_args` keys -> `ViTConfig` fields (the coordinate augmentations act in training only).
+TIMM_EVA_OPTIONS = {"rope_temperature": "rope_theta", "rope_shift_coords": "rope_shift",
+                    "rope_jitter_coords": "rope_jitter", "rope_rescale_coords": "rope_rescale",
+                    "ref_feat_shape": "rope_reference_grid"}
+# `model_args` keys that make an Eva compute what keras_vit does not, and the only values it implements (each
+# family's entry point default first).
+_EVA_COMMON = {"use_rot_pos_emb": (True,), "rope_grid_offset": (0, 0.0), "rope_grid_indexing": ("ij",),
+               "use_post_norm": (False,), "attn_type": ("eva",), "num_kv_heads": (None,),
+               "use_pre_transformer_norm": (False,), "dynamic_img_pad": (False,), "scale_attn_inner": (False,)}
+TIMM_EVA_IMPLEMENTED = {
+    "dinov3": dict(_EVA_COMMON, rope_type=("dinov3",), rope_rotate_half=(True,), use_abs_pos_emb=(False,)),
+    "eva02": dict(_EVA_COMMON, rope_type=("cat",), rope_rotate_half=(False,), use_abs_pos_emb=(True,),
+                  swiglu_mlp=(True,)),
+}
 
 
 def read_timm_config(files: Beside, hidden_dim: int) -> dict:
@@ -140,3 +166,59 @@ def read_timm_config(files: Beside, hidden_dim: int) -> dict:
     size = re.match(r"(?:vit|deit3?)_([a-z0-9]+)_", name)
     heads = TIMM_HEADS_BY_NAME.get(name) or (TIMM_HEADS.get(size.group(1), {}).get(hidden_dim) if size else None)
     return found if heads is None else dict(found, num_heads=heads)
+
+
+def timm_architecture(files: Beside) -> str:
+    """The entry point timm's `config.json` beside a weights file names (`architecture`, without a tag); "" where
+    there is none."""
+    name = (files.config or {}).get("architecture")
+    return name.split(".")[0] if isinstance(name, str) else ""
+
+
+def timm_pooling(files: Beside) -> str | None:
+    """The `global_pool` timm's `config.json` beside a weights file gives its model (`"avg"`, `"token"`, `"map"`),
+    or None."""
+    config = files.config or {}
+    model_args = config.get("model_args") if isinstance(config.get("model_args"), dict) else {}
+    pool = model_args.get("global_pool", config.get("global_pool"))
+    return pool if pool in ("avg", "token", "map") else None
+
+
+def timm_eva_family(files: Beside) -> str | None:
+    """`"dinov3"` or `"eva02"` for a timm `config.json` naming one of those Eva entry points, else None."""
+    name = timm_architecture(files)
+    return "dinov3" if TIMM_DINOV3.fullmatch(name) else "eva02" if TIMM_EVA02.fullmatch(name) else None
+
+
+def read_timm_eva_config(files: Beside, gated: bool) -> dict:
+    """The `ViTConfig` fields of a timm Eva file that its weights do not show: its family's (`TIMM_EVA_FIELDS`, the
+    activation of its MLP, `gated` or not) with the `TIMM_EVA_OPTIONS` its `model_args` set.
+
+    Raises:
+        ValueError: no config.json (the rotary positions are in no tensor), an Eva that is neither DINOv3 nor
+            EVA-02's image model (EVA-02's CLIP towers, the RoPE ViTs, Perception Encoder), or `model_args` of
+            `TIMM_EVA_IMPLEMENTED` set to another value.
+    """
+    name = timm_architecture(files)
+    if files.config is None:
+        raise ValueError(f"{files.folder!r} holds a timm Eva checkpoint (DINOv3, EVA-02: keys 'blocks.N.gamma_1', "
+                         "'blocks.N.attn.q_bias', ...) without its config.json: its rotary positions are stored in "
+                         "no tensor. Keep the config.json timm's save_for_hf / push_to_hf_hub writes beside it.")
+    family = timm_eva_family(files)
+    if family is None:
+        raise ValueError(f"{files.path(CONFIG)!r}: timm's {name or 'unnamed'!r} is an Eva model keras_vit does not "
+                         "implement (EVA-02's CLIP towers with their normalized attention, the RoPE ViTs and "
+                         "Perception Encoder are not). Supported from timm's eva.py: the DINOv3 entry points "
+                         "(vit_small_patch16_dinov3, ..., *_qkvb) and EVA-02's image models (eva02_tiny_patch14_224, "
+                         "..., eva02_large_patch14_448); nothing was loaded.")
+    model_args = files.config.get("model_args") if isinstance(files.config.get("model_args"), dict) else {}
+    for key, values in TIMM_EVA_IMPLEMENTED[family].items():
+        if key in model_args and model_args[key] not in values:
+            raise ValueError(f"{files.path(CONFIG)!r}: {name} with {key}={model_args[key]!r} computes what "
+                             f"keras_vit does not implement (it implements {key}={values[0]!r}); nothing was "
+                             "loaded.")
+    found = dict(TIMM_EVA_FIELDS[family], **HIDDEN_ACTIVATIONS["silu" if gated else "gelu"], gated_mlp=gated)
+    found.update({field: model_args[key] for key, field in TIMM_EVA_OPTIONS.items() if key in model_args})
+    if found.get("rope_reference_grid") is not None:
+        found["rope_reference_grid"] = tuple(found["rope_reference_grid"])
+    return found

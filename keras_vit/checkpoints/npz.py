@@ -141,6 +141,8 @@ KEY_TABLE: tuple[tuple[str, str, Callable[[np.ndarray], np.ndarray]], ...] = (
     (_BLOCK + r"/MlpBlock_3/(Dense_[01]|Dense_gate)/(kernel|bias)", r"\1/MlpBlock_3/\2/\3", _as_is),
     # The ViT family's options (keras_vit's names; the original has none of these):
     (_BLOCK + r"/(ls[12])/scale", r"\1/\2/gamma", _as_is),
+    (_BLOCK + r"/MlpBlock_3/norm/scale", r"\1/MlpBlock_3/norm/gamma", _as_is),
+    (_BLOCK + r"/MlpBlock_3/norm/bias", r"\1/MlpBlock_3/norm/beta", _as_is),
     (_BLOCK + r"/MultiHeadDotProductAttention_1/(query_norm|key_norm)/scale",
      r"\1/MultiHeadDotProductAttention_1/\2/gamma", _as_is),
     (_BLOCK + r"/MultiHeadDotProductAttention_1/(query_norm|key_norm)/bias",

@@ -40,6 +40,7 @@ class CheckpointFile:
             keras_vit cannot reproduce), or None. The weights still load; a model that normalizes its input
             (`include_preprocessing=True`) needs the input fields given by hand (`check_preprocessing`).
         declared_size: (height, width) of the images the declared transform produces, or None.
+        timm_pooling: the `global_pool` timm's `config.json` gives the model (`"avg"`, `"token"`, `"map"`), or None.
     """
 
     path: str
@@ -52,11 +53,12 @@ class CheckpointFile:
     preprocessing_problem: str | None = None
     declared_size: tuple[int, int] | None = None
     timm_config: Mapping[str, Any] | None = None
+    timm_pooling: str | None = None
 
     @property
     def fixed(self) -> dict[str, Any]:
         """The `ViTConfig` fields the file's config.json fixes (a contradicting value is an error)."""
-        if self.layout == torch_layout.TIMM:
+        if self.layout in torch_layout.TIMM_LAYOUTS:
             return dict(self.timm_config or {})
         if self.layout not in torch_layout.HF_LAYOUTS or self.hf_config is None:
             return {}
@@ -148,6 +150,8 @@ class CheckpointFile:
         """The `pooling` that returns what the file's model pools without its head: `"token"`, `"avg"` (the
         classifier `"gap"`) or `"map"`."""
         classifier = read_architecture(self.shapes, num_heads=1)["classifier"]
+        if classifier == "token" and self.timm_pooling == "avg":  # timm's DINOv3: the patch tokens' mean
+            return "avg"
         return {"gap": "avg"}.get(classifier, classifier)
 
     @property
@@ -204,15 +208,35 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
     header = safetensors_file.read_header(path)
     shapes = {name: info.shape for name, info in header.items()}
     layout = torch_layout.detect_layout(shapes)
+    if layout in (torch_layout.TIMM, torch_layout.TIMM_EVA):  # the config.json names timm's entry point
+        if config_files.TIMM_EVA_NAME.fullmatch(config_files.timm_architecture(files)):
+            layout = torch_layout.TIMM_EVA  # (an Eva whose keys look like timm's ViT: no layer scale, no biases)
+        if config_files.timm_eva_family(files) == "eva02":
+            layout = torch_layout.TIMM_EVA02
     torch_layout.check_supported(shapes, layout, origin=path)
     npz_shapes = torch_layout.npz_shapes(shapes, layout)
     hf_config = config_files.read_hf_config(files, layout) if layout in torch_layout.HF_LAYOUTS else None
-    timm_config = None
-    if layout == torch_layout.TIMM and "embedding/kernel" in npz_shapes:
+    timm_config = timm_pooling = None
+    if layout in torch_layout.TIMM_LAYOUTS and "embedding/kernel" in npz_shapes:
         timm_config = config_files.read_timm_config(files, npz_shapes["embedding/kernel"][-1])
-    file = CheckpointFile(path, layout, npz_shapes, header, hf_config, timm_config=timm_config, **declared)
+        timm_pooling = config_files.timm_pooling(files)
+    if layout in (torch_layout.TIMM_EVA, torch_layout.TIMM_EVA02):
+        gated = any(key.endswith("/MlpBlock_3/Dense_gate/kernel") for key in npz_shapes)
+        timm_config = {**(timm_config or {}), **config_files.read_timm_eva_config(files, gated)}
+        _check_eva_head(path, npz_shapes, timm_pooling)
+    file = CheckpointFile(path, layout, npz_shapes, header, hf_config, timm_config=timm_config,
+                          timm_pooling=timm_pooling, **declared)
     _check_config_matches_weights(file)
     return file
+
+
+def _check_eva_head(path: str, shapes: Mapping[str, tuple[int, ...]], pooling: str | None) -> None:
+    """Refuses a timm Eva head on the patch tokens' mean beside a class token (no fc_norm): keras_vit's heads read
+    the class token there."""
+    if "head/bias" in shapes and "cls" in shapes and pooling == "avg" and "fc_norm/scale" not in shapes:
+        raise ValueError(f"{path!r}: a head on the mean of the patch tokens (timm's global_pool='avg') beside a class "
+                         "token is not implemented; build the backbone (include_top=False, pooling='avg') and add "
+                         "the head yourself. Nothing was loaded.")
 
 
 def _declared_input(files: config_files.Beside) -> dict[str, Any]:

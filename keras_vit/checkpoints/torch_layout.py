@@ -5,6 +5,12 @@ A state dict's layout is detected from its keys:
 - timm `VisionTransformer` (`patch_embed.proj.weight`, `cls_token`, `pos_embed`, `blocks.N.attn.qkv.weight`,
   `blocks.N.mlp.fc1.weight`, `norm.weight`, `head.weight`, `attn_pool.*`, ...): ViT, DeiT (distilled), DeiT-III,
   DINOv2 (with registers), CLIP and SigLIP image towers;
+- timm `Eva` (timm/models/eva.py: `blocks.N.gamma_1`, `blocks.N.attn.q_bias`, `blocks.N.mlp.fc1_g.weight`, or a
+  `config.json` naming one of its entry points), of which keras_vit implements the DINOv3 entry points
+  (`vit_*_patch16_dinov3*`: rotary positions, registers, layer scale, the SwiGLU MLP) and, as `TIMM_EVA02`, the
+  EVA-02 ones (`eva02_{tiny,small,base,large}_patch14_{224,336,448}`: EVA-02's rotary positions beside a position
+  table, the packed or split SwiGLU MLP, its hidden-layer norm); the CLIP towers, the RoPE ViTs and Perception
+  Encoder of that class are refused by name (`config_files.read_timm_eva_config`);
 - Hugging Face, by model (`HF_LAYOUTS`): `ViTModel` / `ViTForImageClassification` and the DeiT models
   (`[vit.|deit.]embeddings...`, `encoder.layer.N.attention.attention.query...`), `Dinov2Model` and
   `Dinov2WithRegistersModel` (`encoder.layer.N.norm1`, `layer_scale1.lambda1`), `CLIPVisionModel`
@@ -26,8 +32,10 @@ error.
 Not supported, and refused with an error naming the keys that show them (`check_supported`): timm's
 `scale_attn_norm` / `scale_mlp_norm`, a patch-embedding norm, attention pooling with more than one latent or
 its own position embedding; Hugging Face DINOv2's SwiGLU MLP and its classifier on [class token, mean patch
-token], and a classifier on a DINOv3 backbone. DINOv3's Linears without a bias (`key_bias=False`, and any other
-`*_bias=False` its config sets) load as zero biases (`translate`): the same function.
+token], and a classifier on a DINOv3 backbone; timm Eva's normalized attention output, gated attention and
+attention pooling. DINOv3's Linears without a bias (`key_bias=False`, and any other
+`*_bias=False` its config sets) and timm Eva's key bias (a buffer of zeros, not saved) load as zero biases
+(`translate`): the same function.
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ import numpy as np
 from keras_vit.checkpoints import npz, resample
 
 TIMM = "timm"
+TIMM_EVA = "timm-eva"  # timm's Eva class: DINOv3
+TIMM_EVA02 = "timm-eva02"  # the same class's EVA-02 entry points (told apart by the config.json)
+TIMM_LAYOUTS = (TIMM, TIMM_EVA, TIMM_EVA02)
 HUGGING_FACE = "huggingface"  # ViT and DeiT
 HF_DINOV2 = "huggingface-dinov2"
 HF_CLIP = "huggingface-clip"
@@ -49,7 +60,8 @@ HF_DINOV3 = "huggingface-dinov3"
 HF_LAYOUTS = (HUGGING_FACE, HF_DINOV2, HF_CLIP, HF_SIGLIP, HF_DINOV3)
 # How each source resizes its position table (`resample`'s docstring names the code): the loader, and the run-time
 # fit of a model of any input size (`ViTConfig.position_resampling`), use it.
-POSITION_RESAMPLING = {TIMM: resample.BICUBIC_ANTIALIAS, **{layout: resample.BICUBIC for layout in HF_LAYOUTS}}
+POSITION_RESAMPLING = {**{layout: resample.BICUBIC_ANTIALIAS for layout in TIMM_LAYOUTS},
+                       **{layout: resample.BICUBIC for layout in HF_LAYOUTS}}
 # The prefixes of the Hugging Face models' backbone keys (heads such as `classifier.` have none).
 _HF_PREFIXES = ("vit.", "deit.", "dinov2.", "vision_model.")
 
@@ -57,12 +69,14 @@ _HF_PREFIXES = ("vit.", "deit.", "dinov2.", "vision_model.")
 # rotary positions (`DINOv3ViTConfig`'s defaults).
 NUMERICS: dict[str, dict] = {
     TIMM: dict(layer_norm_epsilon=1e-6, gelu_approximate=False, activation="gelu"),
+    TIMM_EVA: dict(layer_norm_epsilon=1e-6, gelu_approximate=False, activation="gelu"),
+    TIMM_EVA02: dict(layer_norm_epsilon=1e-6, gelu_approximate=False, activation="silu"),
     HUGGING_FACE: dict(layer_norm_epsilon=1e-12, gelu_approximate=False, activation="gelu"),
     HF_DINOV2: dict(layer_norm_epsilon=1e-6, gelu_approximate=False, activation="gelu"),
     HF_CLIP: dict(layer_norm_epsilon=1e-5, gelu_approximate=False, activation="quick_gelu"),
     HF_SIGLIP: dict(layer_norm_epsilon=1e-6, gelu_approximate=True, activation="gelu"),
-    HF_DINOV3: dict(layer_norm_epsilon=1e-5, gelu_approximate=False, activation="gelu", position_embedding="rope",
-                    rope_theta=100.0, rope_rescale=2.0),
+    HF_DINOV3: dict(layer_norm_epsilon=1e-5, gelu_approximate=False, activation="gelu", position_embedding="none",
+                    rope="dinov3", rope_theta=100.0, rope_rescale=2.0),
 }
 
 
@@ -75,11 +89,17 @@ def _plain_keys(keys) -> dict[str, str]:
     return plain
 
 
+# Keys only timm's Eva class has (its layer scale, its query/value biases beside a bias-free fused projection, its
+# SwiGLU MLP's split input projection, its unfused query/key/value).
+_EVA_KEY = re.compile(r"blocks\.\d+\.(gamma_1|attn\.q_bias|mlp\.fc1_g\.weight|attn\.q_proj\.weight)")
+
+
 def detect_layout(keys: Sequence[str]) -> str:
-    """`TIMM` or one of `HF_LAYOUTS`, from a state dict's keys; ValueError for anything else."""
+    """`TIMM`, `TIMM_EVA` or one of `HF_LAYOUTS`, from a state dict's keys; ValueError for anything else. (An Eva
+    file whose keys look like timm's ViT is told apart by its config.json: `reader.read_checkpoint`.)"""
     keys = list(keys)
     if "patch_embed.proj.weight" in keys or any(key.startswith("blocks.") for key in keys):
-        return TIMM
+        return TIMM_EVA if any(_EVA_KEY.fullmatch(key) for key in keys) else TIMM
     plain = _plain_keys(keys)
     if any(re.fullmatch(r"layer\.\d+\.attention\.q_proj\.weight", key) for key in plain):
         return HF_DINOV3
@@ -104,6 +124,11 @@ _UNSUPPORTED = {
     TIMM: ((r"blocks\.\d+\.(attn|mlp)\.norm\..*", "scale_attn_norm / scale_mlp_norm"),
            (r"patch_embed\.norm\..*", "a patch-embedding norm"),
            (r"attn_pool\.pos_embed", "attention pooling with its own position embedding")),
+    **{layout: ((r"blocks\.\d+\.attn\.norm\..*", "the normalized attention output (scale_attn_inner: EVA-02's CLIP "
+                                                    "towers)"),
+                (r"blocks\.\d+\.attn\.gate\..*", "gated attention"),
+                (r"patch_embed\.norm\..*", "a patch-embedding norm"),
+                (r"attn_pool\..*", "attention pooling")) for layout in (TIMM_EVA, TIMM_EVA02)},
     HF_DINOV2: ((r"encoder\.layer\.\d+\.mlp\.weights_in\..*", "the SwiGLU MLP (use_swiglu_ffn)"),
                 (r"classifier\..*", "Dinov2ForImageClassification's head on [class token, mean patch token]")),
     HF_DINOV3: ((r"classifier\..*", "a classifier on a DINOv3 backbone (its head reads [class token, mean patch "
@@ -125,8 +150,9 @@ def check_supported(shapes: dict[str, tuple[int, ...]], layout: str, origin: str
         listed = "; ".join(f"{feature} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
                            for feature, keys in found.items())
         raise ValueError(f"{origin!r} is a {layout} ViT with features keras_vit does not implement: {listed}. "
-                         "Supported: timm's ViT, DeiT, DeiT-III, DINOv2, CLIP and SigLIP image towers and Hugging "
-                         "Face's ViT, DeiT, DINOv2, DINOv3, CLIP and SigLIP vision models; nothing was loaded.")
+                         "Supported: timm's ViT, DeiT, DeiT-III, DINOv2, DINOv3, EVA-02, CLIP and SigLIP image towers "
+                         "and Hugging Face's ViT, DeiT, DINOv2, DINOv3, CLIP and SigLIP vision models; nothing was "
+                         "loaded.")
 
 
 def position_resampling(layout: str, keys) -> tuple[str, str]:
@@ -136,7 +162,7 @@ def position_resampling(layout: str, keys) -> tuple[str, str]:
     `embeddings.register_tokens`)."""
     if layout == HF_DINOV2 and "embeddings.register_tokens" in _plain_keys(keys):
         return resample.BICUBIC_ANTIALIAS, "transformers' Dinov2WithRegistersModel"
-    return POSITION_RESAMPLING[layout], "timm" if layout == TIMM else "transformers"
+    return POSITION_RESAMPLING[layout], "timm" if layout in TIMM_LAYOUTS else "transformers"
 
 
 # ---------------------------------------------------------------------------------------
@@ -356,6 +382,76 @@ _HF_CLIP_TABLE = (
                                          "logit_bias")),
 )
 
+_EB = "blocks.{i}"
+# timm's Eva with its DINOv3 entry points: [class, registers, patches], no position table (rotary positions), a fused
+# query/key/value without bias and separate query and value biases (the key's is zero), layer scale as `gamma_1/2`,
+# the SwiGLU MLP as `fc1_g` (gate) and `fc1_x`.
+_TIMM_EVA_TABLE = (
+    *_dense("patch_embed.proj", "embedding", _conv),
+    ("cls_token", ("cls",), _same),
+    ("reg_token", ("registers",), _same),
+    ("pos_embed", (_POSEMB,), _same),
+    *_norm(_EB + ".norm1", _B + "/LayerNorm_0"),
+    (_EB + ".attn.qkv.weight", tuple(f"{_ATTN}/{name}/kernel" for name in _QKV), _qkv_kernel),
+    *((f"{_EB}.attn.{name[0]}_bias", (f"{_ATTN}/{name}/bias",), _heads_bias) for name in _QKV),
+    *_separate_qkv(tuple(f"{_EB}.attn.{name}_proj" for name in "qkv"), _ATTN),
+    *_dense(_EB + ".attn.proj", _ATTN + "/out", _out_kernel),
+    *_norm(_EB + ".attn.q_norm", _ATTN + "/query_norm"),
+    *_norm(_EB + ".attn.k_norm", _ATTN + "/key_norm"),
+    (_EB + ".gamma_1", (_B + "/ls1/scale",), _same),
+    *_norm(_EB + ".norm2", _B + "/LayerNorm_2"),
+    *_mlp(_EB + ".mlp", _B + "/MlpBlock_3"),
+    *_dense(_EB + ".mlp.fc1_x", _B + "/MlpBlock_3/Dense_0"),
+    *_dense(_EB + ".mlp.fc1_g", _B + "/MlpBlock_3/Dense_gate"),
+    *_norm(_EB + ".mlp.norm", _B + "/MlpBlock_3/norm"),
+    (_EB + ".gamma_2", (_B + "/ls2/scale",), _same),
+    *_norm("norm", "Transformer/encoder_norm"),
+    *_norm("fc_norm", "fc_norm"),
+    *_dense("head", "head"),
+    ("rope.{rest}", _IGNORED, _same),  # buffers of the rotary positions, recomputed from the config
+)
+
+
+
+def _half_pairs(array: np.ndarray) -> np.ndarray:
+    """A head's channels [0, 1, 2, 3, ...] -> [0, 2, 4, ..., 1, 3, 5, ...] (last axis): the interleaved rotary pairs
+    (2i, 2i + 1) become the pairs (i, i + head_dim / 2) that `apply_rotary` rotates; q . k is unchanged."""
+    return np.concatenate([array[..., 0::2], array[..., 1::2]], axis=-1)
+
+
+def _rotated_pairs(row: tuple) -> tuple:
+    """A key-table row whose query and key outputs get `_half_pairs` (EVA-02's interleaved rotary pairs)."""
+    template, targets, transform = row
+    rotated = [re.search(r"/(query|key)/", target) is not None for target in targets]
+    if not any(rotated):
+        return row
+
+    def convert(array: np.ndarray, heads: int) -> list[np.ndarray]:
+        return [_half_pairs(value) if turn else value for value, turn in zip(transform(array, heads), rotated)]
+    return template, targets, convert
+
+
+def _glu_kernel(array: np.ndarray, heads: int) -> list[np.ndarray]:
+    """timm's packed SwiGLU input Linear (`GluMlp`, gate first) (2H, D) -> the gate's and the value's (D, H)."""
+    _expect_ndim(array, 2)
+    return [part.T for part in np.split(array, 2)]
+
+
+def _glu_bias(array: np.ndarray, heads: int) -> list[np.ndarray]:
+    _expect_ndim(array, 1)
+    return np.split(array, 2)
+
+
+_MLP3 = _B + "/MlpBlock_3"
+# EVA-02 (timm's Eva with its eva02_* entry points): the Eva rows with the query and key columns in the half
+# layout, a position table covering the class token, the packed SwiGLU input of Ti / S (`mlp.fc1`, gate first) and
+# the split one with the hidden-layer norm of B / L (`mlp.fc1_g`, `mlp.fc1_x`, `mlp.norm`).
+_TIMM_EVA02_TABLE = (
+    (_EB + ".mlp.fc1.weight", (_MLP3 + "/Dense_gate/kernel", _MLP3 + "/Dense_0/kernel"), _glu_kernel),
+    (_EB + ".mlp.fc1.bias", (_MLP3 + "/Dense_gate/bias", _MLP3 + "/Dense_0/bias"), _glu_bias),
+    *(_rotated_pairs(row) for row in _TIMM_EVA_TABLE),
+)
+
 _DL = "layer.{i}"
 # DINOv3ViTModel: [class, registers, patches], no position table (rotary positions), the gated MLP's `gate_proj`.
 _HF_DINOV3_TABLE = (
@@ -376,9 +472,12 @@ _HF_DINOV3_TABLE = (
 )
 # The Linears of layouts whose biases a config may leave out (DINOv3's `key_bias=False`, ...): a weight without its
 # bias gets a zero one.
-_BIAS_OPTIONAL = {HF_DINOV3: re.compile(r"layer\.\d+\.(attention\.[qkvo]_proj|mlp\.(up|gate|down)_proj)\.weight")}
+_BIAS_OPTIONAL = {HF_DINOV3: re.compile(r"layer\.\d+\.(attention\.[qkvo]_proj|mlp\.(up|gate|down)_proj)\.weight"),
+                  TIMM_EVA: re.compile(r"blocks\.\d+\.attn\.[qkv]_proj\.weight"),
+                  TIMM_EVA02: re.compile(r"blocks\.\d+\.attn\.[qkv]_proj\.weight")}
 
-_TABLES = {TIMM: _TIMM_TABLE, HUGGING_FACE: _HF_TABLE, HF_DINOV2: _HF_DINOV2_TABLE, HF_CLIP: _HF_CLIP_TABLE,
+_TABLES = {TIMM: _TIMM_TABLE, TIMM_EVA: _TIMM_EVA_TABLE, TIMM_EVA02: _TIMM_EVA02_TABLE, HUGGING_FACE: _HF_TABLE,
+           HF_DINOV2: _HF_DINOV2_TABLE, HF_CLIP: _HF_CLIP_TABLE,
            HF_SIGLIP: _HF_CLIP_TABLE, HF_DINOV3: _HF_DINOV3_TABLE}
 
 
@@ -417,6 +516,10 @@ def translate(tensors: dict[str, np.ndarray], layout: str, num_heads: int) -> Tr
     if optional is not None:
         tensors = {**{key.removesuffix("weight") + "bias": np.zeros(value.shape[:1], value.dtype)
                       for key, value in tensors.items() if optional.fullmatch(key)}, **tensors}
+    if layout in (TIMM_EVA, TIMM_EVA02):  # a fused projection's biases: the key's is zero, all three without `qkv_bias`
+        tensors = {**{key.removesuffix("qkv.weight") + f"{name}_bias": np.zeros(value.shape[:1], value.dtype)[
+            :value.shape[0] // 3] for key, value in tensors.items() if key.endswith(".attn.qkv.weight")
+            for name in "qkv"}, **tensors}
     for plain, key in _plain_keys(tensors).items():
         found = _match(plain, layout)
         if found is None:
@@ -443,8 +546,8 @@ def weight_sources(layout: str, num_layers: int, prefix: str = "") -> dict[str, 
         for i in range(num_layers) if "{i}" in template else [None]:
             key = template.format(i=i)
             key = key if key.startswith(_UNPREFIXED) else prefix + key
-            for target in targets:
-                sources[npz.keras_path(target.format(i=i))[0]] = key
+            for target in targets:  # the first row feeding a weight names it (as `_match` takes the first)
+                sources.setdefault(npz.keras_path(target.format(i=i))[0], key)
     return sources
 
 

@@ -216,7 +216,9 @@ class MlpBlock(keras.layers.Layer):
     """The encoder's MLP: Dense(mlp_dim) -> GELU -> Dropout -> Dense(D) -> Dropout,
 
         MLP(x) = Dense_1(act(Dense_0(x)))                         or, `gated`,
-        MLP(x) = Dense_1(act(Dense_gate(x)) * Dense_0(x))         (SwiGLU with act = SiLU: DINOv3 H+ / 7B)
+        MLP(x) = Dense_1(act(Dense_gate(x)) * Dense_0(x))         (SwiGLU with act = SiLU: DINOv3 H+ / 7B, EVA-02)
+
+    and with `norm`, Dense_1 reads LN(h) of the hidden layer h (timm's `scale_mlp`: EVA-02 B / L).
 
     Args:
         mlp_dim: int. Hidden width.
@@ -226,6 +228,8 @@ class MlpBlock(keras.layers.Layer):
         activation: `"gelu"` (as `gelu_approximate` says), `"quick_gelu"`, x * sigmoid(1.702 x) (OpenAI
             CLIP), or `"silu"`, x * sigmoid(x). Defaults to `"gelu"`.
         gated: bool. The gated form above, with a third Dense `Dense_gate` (mlp_dim wide). Defaults to `False`.
+        norm: bool. The LayerNorm `norm` on the hidden layer. Defaults to `False`.
+        layer_norm_epsilon: float. Its epsilon. Defaults to `1e-6`.
 
     Call arguments:
         x: (..., D).
@@ -233,7 +237,8 @@ class MlpBlock(keras.layers.Layer):
     """
 
     def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, gelu_approximate: bool = True,
-                 activation: str = "gelu", gated: bool = False, **kwargs):
+                 activation: str = "gelu", gated: bool = False, norm: bool = False,
+                 layer_norm_epsilon: float = LAYER_NORM_EPSILON, **kwargs):
         super().__init__(**kwargs)
         if activation not in ACTIVATIONS:
             raise ValueError(f"Unknown activation {activation!r}. Expected one of {ACTIVATIONS}.")
@@ -242,6 +247,8 @@ class MlpBlock(keras.layers.Layer):
         self.gelu_approximate = gelu_approximate
         self.activation = activation
         self.gated = gated
+        self.norm = norm
+        self.layer_norm_epsilon = layer_norm_epsilon
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -256,6 +263,10 @@ class MlpBlock(keras.layers.Layer):
         self.dropout.build((*input_shape[:-1], self.mlp_dim))
         if self.gated:
             self.dense_gate.build(input_shape)
+        self.hidden_norm = None
+        if self.norm:
+            self.hidden_norm = LayerNorm(epsilon=self.layer_norm_epsilon, name="norm", dtype=self.dtype_policy)
+            self.hidden_norm.build((*input_shape[:-1], self.mlp_dim))
 
     def call(self, x, training=None):
         rows = ops.reshape(x, (-1, x.shape[-1]))  # (tokens, D): TensorFlow fuses MatMul + BiasAdd + GELU in 2-D
@@ -264,6 +275,8 @@ class MlpBlock(keras.layers.Layer):
         else:
             h = self._activation(self.dense_0(rows))
         h = self.dropout(h, training=training)
+        if self.hidden_norm is not None:
+            h = self.hidden_norm(h)
         return ops.reshape(self.dropout(self.dense_1(h), training=training), ops.shape(x))
 
     def _activation(self, h):
@@ -280,7 +293,7 @@ class MlpBlock(keras.layers.Layer):
         config = super().get_config()
         config.update({"mlp_dim": self.mlp_dim, "dropout_rate": self.dropout_rate,
                        "gelu_approximate": self.gelu_approximate, "activation": self.activation,
-                       "gated": self.gated})
+                       "gated": self.gated, "norm": self.norm, "layer_norm_epsilon": self.layer_norm_epsilon})
         return config
 
 
@@ -308,6 +321,7 @@ class TransformerBlock(keras.layers.Layer):
             exact erf (`False`, PyTorch's). Defaults to `True`.
         activation: the MLP's `"gelu"`, `"quick_gelu"` or `"silu"` (`MlpBlock`). Defaults to `"gelu"`.
         gated_mlp: bool. The MLP's gated (SwiGLU) form (`MlpBlock`'s `gated`). Defaults to `False`.
+        mlp_norm: bool. A LayerNorm on the MLP's hidden layer (`MlpBlock`'s `norm`). Defaults to `False`.
         layer_scale_init: optional float. Scale each residual branch by a learned per-channel `gamma`
             (sublayers `ls1`, `ls2`: DeiT-III, DINOv2) starting at this value. Defaults to `None`: no scale.
         qk_norm: bool. LayerNorm the attention's q and k per head. Defaults to `False`.
@@ -332,7 +346,7 @@ class TransformerBlock(keras.layers.Layer):
                  attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
                  layer_norm_epsilon: float = LAYER_NORM_EPSILON, gelu_approximate: bool = True,
                  activation: str = "gelu", layer_scale_init: float | None = None, qk_norm: bool = False,
-                 remat: bool = False, gated_mlp: bool = False, **kwargs):
+                 remat: bool = False, gated_mlp: bool = False, mlp_norm: bool = False, **kwargs):
         super().__init__(**kwargs)
         if remat and (dropout_rate or attention_dropout_rate or drop_path_rate):
             raise ValueError(f"remat=True needs a block without random masks (the backward pass would recompute "
@@ -350,6 +364,7 @@ class TransformerBlock(keras.layers.Layer):
         self.layer_scale_init = layer_scale_init
         self.qk_norm = qk_norm
         self.gated_mlp = gated_mlp
+        self.mlp_norm = mlp_norm
 
     def build(self, input_shape):
         policy = self.dtype_policy  # the attention layer's build checks that num_heads divides the width
@@ -360,7 +375,7 @@ class TransformerBlock(keras.layers.Layer):
             layer_norm_epsilon=self.layer_norm_epsilon, name="MultiHeadDotProductAttention_1", dtype=policy)
         self.norm_mlp = LayerNorm(epsilon=self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, self.activation,
-                            self.gated_mlp, name="MlpBlock_3", dtype=policy)
+                            self.gated_mlp, self.mlp_norm, self.layer_norm_epsilon, name="MlpBlock_3", dtype=policy)
         self.scale_attention, self.scale_mlp = (
             keras.layers.Identity(name=name, dtype=policy) if self.layer_scale_init is None
             else LayerScale(self.layer_scale_init, name=name, dtype=policy) for name in ("ls1", "ls2"))
@@ -409,6 +424,7 @@ class TransformerBlock(keras.layers.Layer):
             "qk_norm": self.qk_norm,
             "remat": self.remat,
             "gated_mlp": self.gated_mlp,
+            "mlp_norm": self.mlp_norm,
         })
         return config
 

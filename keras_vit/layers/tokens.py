@@ -272,8 +272,8 @@ class PositionEmbedding(keras.layers.Layer):
         kind: str. `"learned"` (one learned row per token; weight `pos_embedding`,
             the checkpoints' layout), `"learned_2d"` (learned row and column
             embeddings of width D/2, concatenated; paper App. D.4), `"sincos_2d"` (fixed
-            sine-cosine, zero for prefix tokens), `"none"` or `"rope"` (none added: a RoPE model rotates q and k
-            in its attention, `RotaryPositionEmbedding`). Defaults to `"learned"`.
+            sine-cosine, zero for prefix tokens) or `"none"` (none added: DINOv3's positions are rotations of q
+            and k in its attention, `RotaryPositionEmbedding`). Defaults to `"learned"`.
         patch_stride: optional int or (int, int). Pixels per patch of the images given to `call` (the
             model's total stride). Defaults to `None`: the tokens are always on `grid_size`.
         resampling: how the learned table is fitted to another grid: `"linear_corners"` (the original's),
@@ -329,7 +329,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def embedding(self, grid_size=None):
         """The (1, num_prefix_tokens + rows * columns, hidden_dim) table added to tokens on the grid `grid_size`
-        ((rows, columns), ints or scalar tensors; defaults to the stored grid), or None for `"none"` and `"rope"`."""
+        ((rows, columns), ints or scalar tensors; defaults to the stored grid), or None for `"none"`."""
         rows, columns = grid = self.grid_size if grid_size is None else tuple(grid_size)
         stored = all(isinstance(side, int) for side in grid) and grid == self.grid_size
         if self.kind == "learned":
@@ -363,7 +363,7 @@ class PositionEmbedding(keras.layers.Layer):
                 raise ValueError("PositionEmbedding was given images but has no `patch_stride` to find their patch "
                                  "grid. Build it with patch_stride=<the model's stride>.")
             grid = patch_grid(images, self.patch_stride, unit="patch stride")
-        elif self.kind not in ("none", "rope"):
+        elif self.kind != "none":
             tokens = kernels.expect_size(tokens, 1, self.num_tokens, self._token_count_message())
         table = self.embedding(grid)
         return tokens if table is None else tokens + ops.cast(table, tokens.dtype)
@@ -438,13 +438,15 @@ def apply_rotary(x, cos, sin):
 
 @_register
 class RotaryPositionEmbedding(keras.layers.Layer):
-    """The angles of DINOv3's 2-D axial rotary position embedding, for the tokens of images of any size.
+    """The angles of a 2-D axial rotary position embedding (DINOv3's or EVA-02's), for images of any size.
 
-    Token t of the patch grid (row r, column c of `rows` x `columns`) has its centre at
+    Token t of the patch grid (row r, column c of `rows` x `columns`) is at
 
-        (y_t, x_t) = 2 ((r + 1/2) / rows, (c + 1/2) / columns) - 1          in [-1, 1]^2
+        (y_t, x_t) = 2 pi (2 ((r + 1/2) / rows, (c + 1/2) / columns) - 1)   DINOv3: its centre in [-1, 1]^2, or
+        (y_t, x_t) = (r R / rows, c C / columns)                            EVA-02: in patches of the R x C
+                                                                             `reference_grid` (r, c without one)
         omega_j = theta ** (-4 j / head_dim),  j = 0 .. head_dim / 4 - 1
-        angles_t = 2 pi [y_t omega, x_t omega, y_t omega, x_t omega]      (head_dim,)
+        angles_t = [y_t omega, x_t omega, y_t omega, x_t omega]             (head_dim,)
 
     and the attention computes with q_t cos(angles_t) + rotate_half(q_t) sin(angles_t) (`apply_rotary`; k the
     same), rotate_half([a, b]) = [-b, a]. The prefix tokens (class, registers) have angle 0: cos 1, sin 0, their
@@ -452,15 +454,18 @@ class RotaryPositionEmbedding(keras.layers.Layer):
     per call for the whole batch: `shift` adds U(-shift, shift) per axis, `jitter` multiplies each axis by
     exp(U(-ln jitter, ln jitter)), `rescale` both axes by one exp(U(-ln rescale, ln rescale)).
 
-    EVA-02's form (timm's `RotaryEmbeddingCat`: coordinates in patches of its pre-training grid, interleaved
-    pairs) is not implemented here.
+    EVA-02 (timm's `RotaryEmbeddingCat`) rotates interleaved pairs (2i, 2i + 1) with these angles; its loader
+    permutes each head's query and key columns to [0, 2, 4, ..., 1, 3, 5, ...], which makes them the pairs
+    (i, i + head_dim / 2) rotated here and leaves every q . k, hence the attention, unchanged.
 
     Args:
         head_dim: int. Width of each attention head; a multiple of 4.
         patch_stride: int or (int, int). Pixels per patch of the images given to `call`.
         num_prefix_tokens: int. Tokens before the patch grid (class and register tokens). Defaults to `0`.
-        theta: float. The base period. Defaults to `100.0` (DINOv3's `rope_theta`).
+        theta: float. The base period. Defaults to `100.0` (DINOv3's `rope_theta`; EVA-02's is 10000).
         shift, jitter, rescale: optional floats; None (the default) leaves that augmentation off.
+        form: `"dinov3"` or `"eva02"`: the coordinates above. Defaults to `"dinov3"`.
+        reference_grid: optional (rows, columns), with `form="eva02"`: the grid its positions are measured in.
         seed: optional int seed of the augmentations.
 
     Call arguments:
@@ -475,10 +480,16 @@ class RotaryPositionEmbedding(keras.layers.Layer):
 
     def __init__(self, head_dim: int, patch_stride, num_prefix_tokens: int = 0, theta: float = 100.0,
                  shift: float | None = None, jitter: float | None = None, rescale: float | None = None,
-                 seed: int | None = None, **kwargs):
+                 seed: int | None = None, form: str = "dinov3", reference_grid: tuple[int, int] | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         if head_dim % 4:
             raise ValueError(f"RotaryPositionEmbedding needs head_dim divisible by 4. Received: head_dim={head_dim}")
+        if form not in ("dinov3", "eva02") or (reference_grid is not None and form != "eva02"):
+            raise ValueError(f"form must be 'dinov3' or 'eva02' (reference_grid with 'eva02' only). Received: "
+                             f"form={form!r}, reference_grid={reference_grid!r}")
+        self.form = form
+        self.reference_grid = None if reference_grid is None else to_pair(reference_grid, "reference_grid")
         self.head_dim = head_dim
         self.patch_stride = to_pair(patch_stride, "patch_stride")
         self.num_prefix_tokens = num_prefix_tokens
@@ -495,17 +506,28 @@ class RotaryPositionEmbedding(keras.layers.Layer):
 
     def call(self, images, training=None):
         rows, columns = patch_grid(images, self.patch_stride, unit="patch stride")
-        y, x = (ops.cast(ops.arange(size), "float32") + 0.5 for size in (rows, columns))
-        y, x = y / ops.cast(rows, "float32") * 2.0 - 1.0, x / ops.cast(columns, "float32") * 2.0 - 1.0
+        y, x = self._axis(rows, 0), self._axis(columns, 1)
         y, x = ops.meshgrid(y, x, indexing="ij")
         coordinates = ops.stack([ops.reshape(y, (-1,)), ops.reshape(x, (-1,))], axis=-1)  # (rows * columns, 2)
         if training and self.seed_generator is not None:
             coordinates = self._augment(coordinates)
-        angles = 2 * math.pi * coordinates[:, :, None] * ops.convert_to_tensor(self.frequencies)  # (P, 2, d / 4)
+        if self.form == "dinov3":
+            coordinates = 2 * math.pi * coordinates
+        angles = coordinates[:, :, None] * ops.convert_to_tensor(self.frequencies)  # (P, 2, d / 4)
         angles = ops.reshape(angles, (-1, self.head_dim // 2))
         angles = ops.concatenate([ops.zeros((self.num_prefix_tokens, self.head_dim // 2)), angles], axis=0)
         angles = ops.concatenate([angles, angles], axis=-1)  # (tokens, head_dim)
         return ops.cast(ops.cos(angles), self.compute_dtype), ops.cast(ops.sin(angles), self.compute_dtype)
+
+    def _axis(self, size, axis: int):
+        """The positions along one axis of `size` patches: DINOv3's centres in [-1, 1], EVA-02's indices (in patches
+        of the reference grid)."""
+        index = ops.cast(ops.arange(size), "float32")
+        if self.form == "dinov3":
+            return (index + 0.5) / ops.cast(size, "float32") * 2.0 - 1.0
+        if self.reference_grid is None:
+            return index
+        return index / ops.cast(size, "float32") * float(self.reference_grid[axis])
 
     def _augment(self, coordinates):
         """DINOv3's train-time shift, jitter and rescale of the (P, 2) coordinates."""
@@ -531,5 +553,6 @@ class RotaryPositionEmbedding(keras.layers.Layer):
         config = super().get_config()
         config.update({"head_dim": self.head_dim, "patch_stride": self.patch_stride,
                        "num_prefix_tokens": self.num_prefix_tokens, "theta": self.theta, "shift": self.shift,
-                       "jitter": self.jitter, "rescale": self.rescale, "seed": self.seed})
+                       "jitter": self.jitter, "rescale": self.rescale, "seed": self.seed, "form": self.form,
+                       "reference_grid": self.reference_grid})
         return config

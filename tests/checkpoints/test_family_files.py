@@ -68,8 +68,9 @@ def test_built_at_the_files_own_size_with_its_own_transform(name):
 
 
 def patch_tokens(model) -> keras.Model:
-    """The model's patch tokens after its final norm."""
-    return features_model(model, [-1], output="tokens", norm=True)
+    """The model's patch tokens after its final norm (an fc_norm model has none: its tokens, as timm's
+    `forward_features`)."""
+    return features_model(model, [-1], output="tokens", norm=not model.vit_config.fc_norm)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -81,7 +82,7 @@ def test_position_table_resized_as_the_model_class_does(name):
     folder, meta, reference = case(name)
     any_size = build(folder, input_shape=(None, None, 3), include_preprocessing=False)
     sizes = sum(key.startswith("size_") for key in reference)
-    assert sizes == (3 if meta["family"] == "dinov3" else 2)
+    assert sizes == (3 if meta["family"] == "dinov3" else 2)  # EVA-02: its table and its rotary positions at two
     for index in range(sizes):
         size = tuple(int(side) for side in reference[f"size_{index}"])
         inputs = random_inputs(name, index, size)
@@ -153,7 +154,7 @@ def test_dinov3_files_give_their_options_and_refuse_what_keras_vit_lacks(tmp_pat
     assert {name: getattr(model.vit_config, name) for name in (
         "position_embedding", "rope_theta", "rope_rescale", "rope_shift", "gated_mlp", "activation",
         "gelu_approximate", "num_register_tokens", "layer_norm_epsilon")} == dict(
-        position_embedding="rope", rope_theta=75.0, rope_rescale=2.0, rope_shift=None, gated_mlp=True,
+        position_embedding="none", rope_theta=75.0, rope_rescale=2.0, rope_shift=None, gated_mlp=True,
         activation="silu", gelu_approximate=False, num_register_tokens=4, layer_norm_epsilon=1e-5)
     preprocessing = model.preprocessing_config
     assert (preprocessing.image_mean, preprocessing.interpolation, preprocessing.resize_size,
@@ -178,6 +179,70 @@ def test_dinov3_files_give_their_options_and_refuse_what_keras_vit_lacks(tmp_pat
     save_safetensors(state, copy / "model.safetensors")
     with pytest.raises(ValueError, match=r"a classifier on a DINOv3 backbone \(its head reads \[class token, mean"):
         build(str(copy))
+
+
+def test_timm_eva_files_give_their_options_and_refuse_the_other_eva_models(tmp_path):
+    """A timm DINOv3 or EVA-02 file (timm's Eva class) takes its rotary positions, numerics and pooling from its
+    config.json's entry point and model_args, its MLP's form from its keys; its query and value biases load, its key
+    bias is zero; EVA-02's interleaved query and key columns are loaded in the half layout. Eva's CLIP towers and
+    other Eva models, model_args keras_vit does not implement, a missing config.json, a head on the patch mean and
+    Eva's normalized attention are refused by name, nothing built."""
+    import shutil
+
+    from keras_vit.checkpoints import safetensors_file
+    from tests.testing import save_safetensors
+
+    folder = os.path.join(FOLDER, "timm_dinov3_swiglu_128")
+    model = build(folder)
+    assert {name: getattr(model.vit_config, name) for name in (
+        "position_embedding", "rope_theta", "gated_mlp", "activation", "gelu_approximate", "num_register_tokens",
+        "layer_norm_epsilon", "num_heads", "layer_scale_init")} == dict(
+        position_embedding="none", rope_theta=75.0, gated_mlp=True, activation="silu", gelu_approximate=False,
+        num_register_tokens=4, layer_norm_epsilon=1e-5, num_heads=2, layer_scale_init=1e-5)
+    attention = model.get_layer("encoderblock_0").attention
+    state = safetensors_file.read_safetensors(os.path.join(folder, "model.safetensors"))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(attention.query_dense.bias).ravel(),
+                                  state["blocks.0.attn.q_bias"])
+    assert not np.any(keras.ops.convert_to_numpy(attention.key_dense.bias))
+    assert (read_checkpoint(folder).pooling, read_checkpoint(os.path.join(FOLDER, "timm_dinov3_112")).pooling) == (
+        "token", "avg")  # each file's global_pool: DINOv3's class token, timm's default patch mean
+    plain = build(os.path.join(FOLDER, "timm_dinov3_112")).vit_config
+    assert (plain.gated_mlp, plain.activation, plain.rope_theta) == (False, "gelu", 100.0)
+    eva02_folder = os.path.join(FOLDER, "timm_eva02_mlp_norm_126")
+    eva02 = build(eva02_folder)
+    assert {name: getattr(eva02.vit_config, name) for name in (
+        "position_embedding", "rope", "rope_theta", "rope_reference_grid", "gated_mlp", "mlp_norm", "fc_norm",
+        "activation", "layer_norm_epsilon", "layer_scale_init")} == dict(
+        position_embedding="learned", rope="eva02", rope_theta=10000.0, rope_reference_grid=(16, 16), gated_mlp=True,
+        mlp_norm=True, fc_norm=True, activation="silu", layer_norm_epsilon=1e-6, layer_scale_init=None)
+    eva02_state = safetensors_file.read_safetensors(os.path.join(eva02_folder, "model.safetensors"))
+    query = keras.ops.convert_to_numpy(eva02.get_layer("encoderblock_0").attention.query_dense.kernel)  # (D, 2, 16)
+    by_head = eva02_state["blocks.0.attn.q_proj.weight"].T.reshape(32, 2, 16)
+    np.testing.assert_array_equal(query, np.concatenate([by_head[..., 0::2], by_head[..., 1::2]], axis=-1))
+
+    copy = tmp_path / "timm_dinov3"
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "config.json").read_text())
+
+    def refused(config_json, match, tensors=None):
+        if config_json is None:
+            (copy / "config.json").unlink(missing_ok=True)
+        else:
+            (copy / "config.json").write_text(json.dumps(config_json))
+        save_safetensors(tensors if tensors is not None else state, copy / "model.safetensors")
+        with pytest.raises(ValueError, match=match):
+            build(str(copy))
+
+    refused(dict(config, architecture="eva02_large_patch14_clip_224"), r"timm's 'eva02_large_patch14_clip_224' is an "
+            r"Eva model keras_vit does not implement \(EVA-02's CLIP towers")
+    refused(dict(config, model_args=dict(config["model_args"], rope_type="cat")),
+            r"vit_huge_plus_patch16_dinov3 with rope_type='cat' computes what keras_vit does not implement")
+    refused(None, r"timm Eva checkpoint .* without its config.json: its rotary positions are stored in no tensor")
+    refused(dict(config, global_pool="avg", model_args=dict(config["model_args"], global_pool="avg", num_classes=3)),
+            r"a head on the mean of the patch tokens \(timm's global_pool='avg'\) beside a class token",
+            dict(state, **{"head.weight": np.zeros((3, 32), "float32"), "head.bias": np.zeros(3, "float32")}))
+    refused(config, r"features keras_vit does not implement: the normalized attention output \(scale_attn_inner",
+            dict(state, **{"blocks.0.attn.norm.weight": np.ones(32, "float32")}))
 
 
 def test_resize_sizes_are_transformers_own_for_every_shortest_edge():

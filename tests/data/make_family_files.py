@@ -30,6 +30,7 @@ import json
 import math
 import os
 import shutil
+import sys
 
 import numpy as np
 from PIL import Image
@@ -265,12 +266,16 @@ def dinov3_cases(image: Image.Image) -> None:
 
 # --- timm ---
 
-def timm_transform(image: Image.Image, size: int, crop_pct: float, interpolation: int) -> np.ndarray:
+def timm_transform(image: Image.Image, size: int, crop_pct: float, interpolation: int,
+                   crop_mode: str = "center") -> np.ndarray:
     """timm's evaluation transform, in [0, 255]: Resize(floor(size / crop_pct)) of the short side (torchvision:
-    the long side int(short * long / short_in)), CenterCrop(size) with torchvision's rounded offsets."""
+    the long side int(short * long / short_in)), or of both sides (`crop_mode="squash"`), CenterCrop(size) with
+    torchvision's rounded offsets."""
     short = math.floor(size / crop_pct)
     width, height = image.size
-    if width <= height:
+    if crop_mode == "squash":
+        new = (short, short)
+    elif width <= height:
         new = (short, int(short * height / width))
     else:
         new = (int(short * width / height), short)
@@ -327,6 +332,69 @@ def timm_cases(image: Image.Image) -> None:
               [(336, 240), (480, 480)], dict(family="siglip"))
 
 
+def timm_eva_case(name: str, timm, image: Image.Image, architecture: str, model_args: dict, size: int,
+                  crop_pct: float, sizes, family: str) -> None:
+    """A random timm `Eva` (DINOv3 or EVA-02: `architecture` with small `model_args`) saved with `save_for_hf`,
+    every parameter drawn anew at dinov3_case's scales (EVA-02's position table made loud), its output (its head, or
+    its `global_pool`) on the photo through timm's transform, and its outputs and patch tokens at `sizes`."""
+    import torch
+    from timm.models._hub import save_for_hf
+
+    folder = os.path.join(FOLDER, name)
+    shutil.rmtree(folder, ignore_errors=True)
+    torch.manual_seed(0)
+    model = timm.create_model(architecture, pretrained=False, img_size=size, **model_args).eval()
+    with torch.no_grad():
+        for key, parameter in model.named_parameters():
+            if "gamma_" in key:  # the layer scales
+                parameter.normal_(1.0, 0.3)
+            else:
+                std = 0.03 if key.startswith("patch_embed.") else 0.4 if key.endswith(
+                    ("qkv.weight", "q_proj.weight", "k_proj.weight")) else 0.2
+                parameter.normal_(0, std)
+        if model.pos_embed is not None:
+            loud_table(model.pos_embed)
+    model.pretrained_cfg = dict(model.pretrained_cfg, mean=tuple(MEAN), std=tuple(STD), crop_pct=crop_pct,
+                                interpolation="bilinear", input_size=(3, size, size))
+    save_for_hf(model, folder, safe_serialization=True)
+    # The entry point's own crop mode (EVA-02 at 448: "squash").
+    pixels = timm_transform(image, size, crop_pct, Image.BILINEAR, model.pretrained_cfg.get("crop_mode", "center"))
+    values = (pixels / 255 - np.asarray(MEAN, np.float32)) / np.asarray(STD, np.float32)
+
+    def run(inputs):
+        with torch.no_grad():
+            tokens = model.forward_features(torch.from_numpy(inputs.transpose(0, 3, 1, 2).copy()))
+            return model.forward_head(tokens).numpy(), tokens[:, model.num_prefix_tokens:].numpy()
+
+    extra = [(size, *run(random_inputs(name, index, size))) for index, size in enumerate(sizes)]
+    save_reference(folder, pixels, values, run(values)[0], extra,
+                   dict(source="timm", family=family, native_size=[size, size]))
+
+
+def timm_eva_cases() -> None:
+    from benchmarks.torchvision_stub import import_timm
+
+    timm, _ = import_timm()
+    tiny = dict(embed_dim=32, depth=2, num_heads=2)
+    image, dinov3_sizes = photo(), [(224, 224), (256, 192), (320, 320)]
+    # DINOv3 S/B/L form: plain MLP (exact GELU), no query/key/value bias; timm's default pooling, the patch tokens'
+    # mean.
+    timm_eva_case("timm_dinov3_112", timm, image, "vit_small_patch16_dinov3", dict(tiny, mlp_ratio=2.0, num_classes=0),
+                  112, 0.875, dinov3_sizes, "dinov3")
+    # DINOv3 H+ form: SwiGLU MLP (SiLU), query and value biases, another base period, pooled by the class token.
+    timm_eva_case("timm_dinov3_swiglu_128", timm, image, "vit_huge_plus_patch16_dinov3",
+                  dict(tiny, mlp_ratio=1.5, qkv_bias=True, rope_temperature=75.0, global_pool="token",
+                       num_classes=0), 128, 1.0, dinov3_sizes, "dinov3")
+    # EVA-02 Ti / S form: packed SwiGLU MLP, fused query/key/value with query and value biases, positions in patches
+    # of the 16 x 16 grid at an 8 x 8 one; a head on the patch tokens' mean after fc_norm.
+    timm_eva_case("timm_eva02_112", timm, image, "eva02_tiny_patch14_224",
+                  dict(tiny, num_classes=5, dynamic_img_size=True), 112, 0.9, [(126, 98), (168, 168)], "eva02")
+    # EVA-02 B / L form: separate query/key/value (no key bias), split SwiGLU MLP with its hidden-layer norm; the
+    # tower (no head): the patch tokens' mean after fc_norm. Its entry point's transform squashes (crop_mode).
+    timm_eva_case("timm_eva02_mlp_norm_126", timm, image, "eva02_base_patch14_448",
+                  dict(tiny, num_classes=0, dynamic_img_size=True), 126, 1.0, [(140, 98), (182, 182)], "eva02")
+
+
 CROPS = (224, 256, 336, 384, 448, 518)
 IMAGE_SHAPES = ((300, 500), (640, 427), (333, 333))
 
@@ -350,10 +418,15 @@ def transformers_resize_sizes() -> None:
 
 
 def main() -> None:
+    """Every family's files; `python -m tests.data.make_family_files timm_eva` makes timm's Eva folders alone."""
+    if sys.argv[1:] == ["timm_eva"]:
+        timm_eva_cases()
+        return
     image = photo()
     transformers_cases(image)
     dinov3_cases(image)
     timm_cases(image)
+    timm_eva_cases()
     transformers_resize_sizes()
     for root, _, files in sorted(os.walk(FOLDER)):
         for name in sorted(files):

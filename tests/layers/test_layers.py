@@ -419,7 +419,7 @@ def test_drop_path_in_training_keeps_or_drops_whole_branches():
     assert seen == set(combinations)  # all four occur in 64 examples (a miss has probability ~1e-7)
 
 
-# --- Rotary position embeddings (DINOv3) ---
+# --- Rotary position embeddings (DINOv3, EVA-02) ---
 
 
 def test_rotary_angles_match_the_numpy_reference_on_a_non_square_grid():
@@ -434,6 +434,50 @@ def test_rotary_angles_match_the_numpy_reference_on_a_non_square_grid():
     assert np.all(cos[:5] == 1) and np.all(sin[:5] == 0)
     transposed = rope_tables((5, 3), 16, 50.0, 5)[1]
     assert np.abs(transposed - expected_sin).max() > 0.1  # rows and columns are not interchangeable
+
+
+def test_eva02_rotary_angles_are_patch_indices_on_the_reference_grid():
+    """EVA-02's form: positions are patch indices scaled to the reference grid (timm's `ref_feat_shape`), no 2 pi,
+    against `rope_tables`; without a reference grid, the indices themselves. The form survives `get_config`."""
+    layer = keras_vit.RotaryPositionEmbedding(16, patch_stride=8, num_prefix_tokens=1, theta=1000.0, form="eva02",
+                                              reference_grid=(2, 3))
+    images = np.zeros((1, 24, 40, 3), "float32")
+    cos, sin = (to_numpy(table) for table in layer(images))
+    expected_cos, expected_sin = rope_tables((3, 5), 16, 1000.0, 1, "eva02", (2, 3))
+    np.testing.assert_allclose(cos, expected_cos, atol=2e-6)
+    np.testing.assert_allclose(sin, expected_sin, atol=2e-6)
+    plain = keras_vit.RotaryPositionEmbedding(16, 8, 1, 1000.0, form="eva02")
+    np.testing.assert_allclose(to_numpy(plain(images)[1]), rope_tables((3, 5), 16, 1000.0, 1, "eva02")[1], atol=2e-6)
+    assert np.abs(to_numpy(plain(images)[1]) - sin).max() > 0.1
+    copy = keras_vit.RotaryPositionEmbedding.from_config(layer.get_config())
+    assert (copy.form, copy.reference_grid) == ("eva02", (2, 3))
+    np.testing.assert_array_equal(to_numpy(copy(images)[1]), sin)
+    with pytest.raises(ValueError, match=r"form must be 'dinov3' or 'eva02' \(reference_grid with 'eva02' only\)"):
+        keras_vit.RotaryPositionEmbedding(16, 8, reference_grid=(2, 3))
+
+
+def test_interleaved_rotation_is_the_half_rotation_of_permuted_columns():
+    """What the EVA-02 loader relies on: rotating interleaved pairs (2i, 2i + 1) of q and k (timm's `rot`, written
+    here from its definition) gives the same q . k as rotating the pairs (i, i + d / 2) of q and k whose columns
+    are permuted to [0, 2, 4, ..., 1, 3, 5, ...] with the half layout's table."""
+    rng = np.random.default_rng(3)
+    q, k = rng.normal(size=(2, 15, 16))
+    cos, sin = rope_tables((3, 5), 16, 1000.0, 0, "eva02", (2, 3))
+    angles = np.arctan2(sin, cos)[:, :8]  # (tokens, d / 2): one angle per pair
+    interleaved_cos, interleaved_sin = np.repeat(np.cos(angles), 2, -1), np.repeat(np.sin(angles), 2, -1)
+
+    def rot(x):  # [x0, x1, x2, x3] -> [-x1, x0, -x3, x2]
+        return np.stack([-x[..., 1::2], x[..., 0::2]], -1).reshape(x.shape)
+
+    def interleaved(x):
+        return x * interleaved_cos + rot(x) * interleaved_sin
+
+    def half(x):
+        x = np.concatenate([x[..., 0::2], x[..., 1::2]], -1)
+        return x * cos + np.concatenate([-x[..., 8:], x[..., :8]], -1) * sin
+
+    np.testing.assert_allclose(half(q) @ half(k).T, interleaved(q) @ interleaved(k).T, atol=1e-12)
+    assert np.abs(half(q) @ half(k).T - (q * cos + rot(q) * sin) @ (k * cos + rot(k) * sin).T).max() > 0.1
 
 
 @pytest.mark.parametrize("fused", ["on", "off"])

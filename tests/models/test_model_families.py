@@ -40,10 +40,16 @@ FAMILIES = {
     "fc_norm_avg": Family(dict(TINY_VIT, fc_norm=True, num_register_tokens=2), checkpoint=None),
     "qk_norm_gap": Family(dict(TINY_VIT, qk_norm=True, classifier="gap", num_register_tokens=1), checkpoint=None),
     # DINOv3 H+ / 7B: rotary positions (on a non-square grid), registers, layer scale, the gated SiLU MLP.
-    "dinov3_rope_swiglu": Family(dict(TINY_VIT, position_embedding="rope", rope_theta=50.0, num_register_tokens=4,
-                                      layer_scale_init=1e-5, gated_mlp=True, activation="silu",
+    "dinov3_rope_swiglu": Family(dict(TINY_VIT, position_embedding="none", rope="dinov3", rope_theta=50.0,
+                                      num_register_tokens=4, layer_scale_init=1e-5, gated_mlp=True, activation="silu",
                                       gelu_approximate=False, layer_norm_epsilon=1e-5),
                                  input_shape=(24, 40, 3), checkpoint=None, eps=1e-5, gelu=silu),
+    # EVA-02 B / L: rotary positions in patches of a (non-square) reference grid beside the position table, the
+    # gated SiLU MLP with its hidden-layer norm, the patch tokens' mean and fc_norm.
+    "eva02_rope_mlp_norm": Family(dict(TINY_VIT, rope="eva02", rope_theta=1000.0, rope_reference_grid=(2, 3),
+                                       gated_mlp=True, mlp_norm=True, activation="silu", gelu_approximate=False,
+                                       fc_norm=True),
+                                  checkpoint=None, gelu=silu),
 }
 FAST_FAMILIES = ("vit", "dinov2_registers")  # the rest run in the full suite only (`-m "not slow"` is the fast subset)
 
@@ -57,7 +63,8 @@ def test_family(name, tmp_path):
 # Every option of the ViT family, and the numerics, as `ViTConfig` fields that some family sets.
 FAMILY_OPTIONS = ("classifier", "representation_size", "patch_bias", "num_register_tokens", "no_embed_class",
                   "distillation_token", "norm_pre", "layer_scale_init", "qk_norm", "fc_norm", "layer_norm_epsilon",
-                  "gelu_approximate", "activation", "position_embedding", "rope_theta", "gated_mlp")
+                  "gelu_approximate", "activation", "position_embedding", "rope", "rope_theta", "rope_reference_grid",
+                  "gated_mlp", "mlp_norm")
 
 
 def test_families_cover_every_family_option():

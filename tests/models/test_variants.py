@@ -61,7 +61,10 @@ def test_unknown_option_without_a_close_match_lists_the_valid_ones():
 @pytest.mark.parametrize("change, match", [
     (dict(classifier="avg"), r"Unknown classifier 'avg'.*classifier='gap'"),
     (dict(position_embedding="alibi"), r"Unknown position_embedding 'alibi'"),
-    (dict(position_embedding="rope", hidden_dim=40, num_heads=4), r"'rope' needs a head size .* divisible by 4"),
+    (dict(rope="dinov3", hidden_dim=40, num_heads=4), r"rope='dinov3' needs a head size .* divisible by 4"),
+    (dict(rope="rope"), r"rope must be None \(no rotary positions\) or one of \('dinov3', 'eva02'\)"),
+    (dict(rope="dinov3", rope_reference_grid=(16, 16)), r"rope_reference_grid must be None or \(rows, columns\), "
+                                                        r"positive ints, with rope='eva02'"),
     (dict(rope_rescale=0.5), r"rope_rescale must be None \(off\) or a number >= 1\. Received: rope_rescale=0\.5"),
     (dict(rope_theta=0), r"rope_theta must be a positive number"),
     (dict(activation="relu"), r"Unknown activation 'relu'\. Expected one of \('gelu', 'quick_gelu', 'silu'\)"),
@@ -89,7 +92,7 @@ def test_transformer_block_takes_its_fields_from_the_config():
         name: getattr(config, name) for name in config.arguments_of(keras_vit.TransformerBlock)}
     assert set(config.arguments_of(keras_vit.TransformerBlock)) == {
         "num_heads", "mlp_dim", "dropout_rate", "attention_dropout_rate", "drop_path_rate", "layer_norm_epsilon",
-        "gelu_approximate", "activation", "layer_scale_init", "qk_norm", "remat", "gated_mlp"}
+        "gelu_approximate", "activation", "layer_scale_init", "qk_norm", "remat", "gated_mlp", "mlp_norm"}
 
 
 def test_model_config_round_trips_with_the_model_and_old_configs_load(tmp_path):
@@ -105,7 +108,7 @@ def test_preprocessing_is_its_own_record_carried_by_the_model_and_its_file():
     """The input fields are `PreprocessingConfig`'s, not the forward's: the builders take them as keywords, the
     model carries both records, `get_config` writes both, and a 0.2 config (input fields inside `vit_config`) is
     split when it loads."""
-    assert len(variants.OPTIONS) == 30 and not set(variants.OPTIONS) & set(variants.PREPROCESSING_FIELDS)
+    assert len(variants.OPTIONS) == 33 and not set(variants.OPTIONS) & set(variants.PREPROCESSING_FIELDS)
     model = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), classes=10, image_mean=(0.4, 0.5, 0.6),
                                         crop_fraction=0.875, interpolation="bicubic")
     expected = keras_vit.PreprocessingConfig(image_mean=(0.4, 0.5, 0.6), crop_fraction=0.875, interpolation="bicubic")
