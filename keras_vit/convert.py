@@ -62,6 +62,7 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
     if not output.endswith((".keras", ".weights.h5")):
         raise ValueError(f"The output must end in .keras or .weights.h5. Received: {output!r}")
     file = read_checkpoint(checkpoint)  # once: the model and the loader take this summary
+    file.check_image_model("keras-vit-convert")
     found = file.architecture(num_heads=1)  # the head, pooling and input size; the model reads the heads itself
     takes_pixels = file.layout is None or file.preprocessing is not None
     image_size = image_size or (found["image_size"],) * 2

@@ -18,9 +18,10 @@ from typing import Any, Callable, Sequence
 import keras
 
 from keras_vit import layers as vit_layers
-from keras_vit import resnet
+from keras_vit import naflex, resnet
 from keras_vit import variants
 from keras_vit.checkpoints import loader as checkpoint_loader
+from keras_vit.checkpoints import naflex_file
 from keras_vit.checkpoints.reader import CheckpointFile
 from keras_vit.kernels.routed_layers import LayerNormalization
 from keras_vit.variants import PreprocessingConfig, ViTConfig
@@ -139,6 +140,10 @@ def VisionTransformer(
     """
     variants.check_options(options, "VisionTransformer", variants.BUILDER_OPTIONS)  # before any file is read
     file = checkpoint_loader.local_file(weights)  # one read of its header, carried to the loader
+    if file is not None and file.layout == naflex_file.LAYOUT:  # SigLIP 2 NaFlex: each image's own patch grid
+        given = dict(variant=variant, input_tensor=input_tensor, input_shape=input_shape, **options)
+        return naflex.from_checkpoint(file.path, given=given, pooling=pooling,
+                                      include_preprocessing=include_preprocessing, name=name)
     if file is not None:
         file.check_preprocessing(options, include_preprocessing)
     forward_options, input_options = variants.split_options(options)

@@ -13,7 +13,7 @@ import warnings
 from typing import Any, Mapping
 
 from keras_vit import variants
-from keras_vit.checkpoints import config_files, locate, npz, preprocessing, safetensors_file, torch_layout
+from keras_vit.checkpoints import config_files, locate, naflex_file, npz, preprocessing, safetensors_file, torch_layout
 from keras_vit.checkpoints.architecture import read_architecture
 
 KERAS_WEIGHTS = "keras"  # the layout of a `.weights.h5` file: keras_vit's own weight paths
@@ -73,6 +73,15 @@ class CheckpointFile:
             return tuple(self.declared_size)
         side = (self.hf_config or {}).get("image_size") or self.image_size
         return (side, side) if side else None
+
+    def check_image_model(self, tool: str) -> None:
+        """Raises ValueError for a file whose model does not take images (SigLIP 2 NaFlex: patch sequences), which
+        `tool` does not handle."""
+        if self.layout == naflex_file.LAYOUT:
+            raise ValueError(f"{self.path!r} is a SigLIP 2 NaFlex checkpoint, whose model takes patch sequences of "
+                             f"each image's own grid, which {tool} cannot take yet. Build it in Python: "
+                             "keras_vit.VisionTransformer(weights=...) gives its keras_vit.naflex.NaFlexViT, whose "
+                             "inputs keras_vit.naflex.naflex_inputs makes.")
 
     def heads_guessed(self, num_heads: int | None) -> bool:
         """True where neither the file, its config.json nor `num_heads` gives the number of heads."""
@@ -202,6 +211,8 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
     if path.endswith(".h5"):
         return CheckpointFile(path, KERAS_WEIGHTS, {})
     files = config_files.Beside(path)  # config.json and preprocessor_config.json, each read once
+    if naflex_file.is_naflex_config(files.config):  # SigLIP 2 NaFlex: its own reader and model (`keras_vit.naflex`)
+        return CheckpointFile(path, naflex_file.LAYOUT, {})
     declared = _declared_input(files)
     if not path.endswith(".safetensors"):
         return CheckpointFile(path, None, npz.read_npz_shapes(path), **declared)

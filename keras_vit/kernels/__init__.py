@@ -199,12 +199,14 @@ def compiled_inference(call):
     as one XLA-compiled function (`tf_ops.compiled_inference_call`); otherwise, or for a layer whose
     variables are not those of its config (quantized, LoRA), as it is. Integer keyword arguments (sizes,
     such as the block's `output_tokens`) are compiled in; any other one set (`return_attention_scores`, a RoPE
-    block's `rotary`) runs the call as it is."""
+    block's `rotary`, a NaFlex block's `attention_mask`) runs the call as it is."""
 
     @functools.wraps(call)
     def maybe_compiled(layer, x, training=None, **kwargs):
         sizes = {key: value for key, value in kwargs.items() if _is_size(value)}
-        others_set = any(value for key, value in kwargs.items() if key not in sizes)
+        # (a tensor argument, such as an attention mask, counts as set: its truth value is not asked)
+        others_set = any(value is not None and value is not False for key, value in kwargs.items()
+                         if key not in sizes)
         if not training and not others_set and _compilable_input(x) and active().xla_encoder_blocks:
             compiled = tf_ops.compiled_inference_call(layer, x, **sizes)
             if compiled is not None:

@@ -13,12 +13,14 @@ GELU are options (`layer_norm_epsilon`, `gelu_approximate`) for checkpoints of P
 
 Two modules: `tokens` (images to tokens, prefix tokens, position embeddings, among them the rotary one whose
 angles a RoPE model's attention rotates q and k by, pooling) and `encoder` (the Transformer blocks and their parts,
-the attention-pooling head). Every name is importable from here.
+the attention-pooling head); `naflex` holds NaFlex's position table resized per image (SigLIP 2). Every name is
+importable from here.
 """
 
 from keras_vit.layers.encoder import (ACTIVATIONS, LAYER_NORM_EPSILON, Dense, HeadProjection, LayerNorm, LayerScale,
                                       MAPHead, MlpBlock, MultiHeadDotProductAttention, StochasticDepth,
                                       TransformerBlock, transformer_blocks)
+from keras_vit.layers.naflex import NaFlexPositionEmbedding, antialiased_bilinear_weights
 from keras_vit.layers.tokens import (POOLINGS, POSITION_EMBEDDINGS, ClassToken, PatchEncoder, Patches,
                                      PositionEmbedding, RegisterTokens, RotaryPositionEmbedding, TokenPooling,
                                      apply_rotary, extract_patches, patch_grid, rotate_half,
@@ -26,6 +28,7 @@ from keras_vit.layers.tokens import (POOLINGS, POSITION_EMBEDDINGS, ClassToken, 
 
 __all__ = ["ACTIVATIONS", "LAYER_NORM_EPSILON", "POOLINGS", "POSITION_EMBEDDINGS", "ClassToken", "Dense",
            "HeadProjection", "LayerNorm", "LayerScale", "MAPHead", "MlpBlock", "MultiHeadDotProductAttention",
-           "PatchEncoder", "Patches", "PositionEmbedding", "RegisterTokens", "RotaryPositionEmbedding",
-           "StochasticDepth", "TokenPooling", "TransformerBlock", "apply_rotary", "extract_patches", "patch_grid",
-           "rotate_half", "sincos_2d_position_embedding", "to_pair", "transformer_blocks"]
+           "NaFlexPositionEmbedding", "PatchEncoder", "Patches", "PositionEmbedding", "RegisterTokens",
+           "RotaryPositionEmbedding", "StochasticDepth", "TokenPooling", "TransformerBlock",
+           "antialiased_bilinear_weights", "apply_rotary", "extract_patches", "patch_grid", "rotate_half",
+           "sincos_2d_position_embedding", "to_pair", "transformer_blocks"]

@@ -92,7 +92,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         q, k, v = x W_q, x W_k, x W_v                  (batch, tokens, heads, head_dim)
         q, k = LN(q), LN(k)                            with `qk_norm`
         q, k = q cos + rotate_half(q) sin, the same for k    given `rotary` (RoPE: `RotaryPositionEmbedding`)
-        A = softmax(q k^T / sqrt(head_dim))            (batch, heads, tokens, tokens)
+        A = softmax(q k^T / sqrt(head_dim))            (batch, heads, tokens, tokens); the logits of keys
+                                                       `attention_mask` leaves out set to -1e9 first
         out = (A v) W_o                                (batch, tokens, D)
 
     The projections are the sublayers `query`, `key`, `value` (kernels (D, heads, head_dim), biases
@@ -121,6 +122,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         training: bool. Attention dropout on when True.
         return_attention_scores: bool. Also return the attention weights A, (batch, heads,
             tokens, context_tokens).
+        attention_mask: optional (batch, context_tokens), 1 (or True) for the keys to attend to, 0 for padding
+            (NaFlex's patch sequences): those keys get weight 0, as transformers' -inf-like additive mask gives them.
     """
 
     def __init__(self, num_heads: int, dropout_rate: float = 0.0, kernel_initializer="glorot_uniform",
@@ -161,7 +164,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         same values at every call, which would start the query, key and value kernels equal."""
         return self.kernel_initializer.__class__.from_config(self.kernel_initializer.get_config())
 
-    def call(self, x, context=None, rotary=None, training=None, return_attention_scores=False):
+    def call(self, x, context=None, rotary=None, training=None, return_attention_scores=False, attention_mask=None):
         query, key, value = self._project_qkv(x) if context is None else (
             self.query_dense(x), self.key_dense(context), self.value_dense(context))  # (batch, tokens, heads, hd)
         query, key = self.query_norm(query), self.key_norm(key)
@@ -169,11 +172,15 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             query, key = apply_rotary(query, *rotary), apply_rotary(key, *rotary)
         scale = 1.0 / math.sqrt(x.shape[-1] // self.num_heads)
         dropout_active = training and self.dropout_rate > 0
-        if not return_attention_scores and not dropout_active and self.attention_kernel.fused(training):
+        if (attention_mask is None and not return_attention_scores and not dropout_active
+                and self.attention_kernel.fused(training)):
             attended = kernels.fused_attention(query, key, value, scale)  # as below
         else:
             query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))  # (batch, heads, ...)
             logits = kernels.batch_matmul(query * ops.cast(scale, query.dtype), key, transpose_b=True)
+            if attention_mask is not None:
+                keep = ops.cast(attention_mask, "bool")[:, None, None, :]
+                logits = ops.where(keep, logits, ops.cast(-1e9, logits.dtype))
             scores = ops.softmax(logits, axis=-1)  # in the compute dtype, as the original
             attended = ops.transpose(kernels.batch_matmul(self.dropout(scores, training=training), value),
                                      (0, 2, 1, 3))
@@ -196,7 +203,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, context=None, rotary=None, training=None, return_attention_scores=False):
+    def compute_output_spec(self, x, context=None, rotary=None, training=None, return_attention_scores=False,
+                            attention_mask=None):
         output = keras.KerasTensor(x.shape, dtype=self.compute_dtype)
         if not return_attention_scores:
             return output
@@ -340,6 +348,8 @@ class TransformerBlock(keras.layers.Layer):
             Defaults to `None`: every token.
         rotary: optional (cos, sin) of `RotaryPositionEmbedding` (RoPE models): the attention rotates q and k
             by them. Defaults to `None`.
+        attention_mask: optional (batch, tokens), 0 at padding tokens no token attends to (NaFlex). Defaults to
+            `None`: every token.
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
@@ -387,12 +397,13 @@ class TransformerBlock(keras.layers.Layer):
 
     @kernels.compiled_inference
     @kernels.rematerialized
-    def call(self, x, training=None, return_attention_scores=False, output_tokens=None, rotary=None):
+    def call(self, x, training=None, return_attention_scores=False, output_tokens=None, rotary=None,
+             attention_mask=None):
         # With output_tokens=n, the rows x_i, i < n: their queries attend to the keys and values of every token.
         rows = x if output_tokens is None else x[:, :output_tokens]
         context = None if output_tokens is None else self.norm_attention(x)
         attention = self.attention(self.norm_attention(rows), context=context, rotary=rotary, training=training,
-                                   return_attention_scores=return_attention_scores)
+                                   return_attention_scores=return_attention_scores, attention_mask=attention_mask)
         attended, scores = attention if return_attention_scores else (attention, None)
         y = rows + self.drop_path(self.scale_attention(self.dropout(attended, training=training)), training=training)
         out = y + self.drop_path(self.scale_mlp(self.mlp(self.norm_mlp(y), training=training)), training=training)
@@ -401,7 +412,8 @@ class TransformerBlock(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_scores=False, output_tokens=None, rotary=None):
+    def compute_output_spec(self, x, training=None, return_attention_scores=False, output_tokens=None, rotary=None,
+                            attention_mask=None):
         rows = x.shape[1] if output_tokens is None else output_tokens
         output = keras.KerasTensor((x.shape[0], rows, x.shape[2]), dtype=self.compute_dtype)
         if not return_attention_scores:
@@ -437,6 +449,8 @@ class MAPHead(keras.layers.Layer):
         x = MHA(probe, tokens)              (batch, 1, D)
         out = (x + MLP(LN(x)))[:, 0]        (batch, D)
 
+    With `token_mask`, the probe attends to the tokens it marks only (NaFlex's padded sequences).
+
     Sublayers carry big_vision's names: `probe`, `MultiHeadDotProductAttention_0`, `LayerNorm_0`, `MlpBlock_0`.
 
     Args:
@@ -448,6 +462,7 @@ class MAPHead(keras.layers.Layer):
 
     Call arguments:
         tokens: (batch, tokens, D).
+        token_mask: optional (batch, tokens), 0 at padding tokens. Defaults to `None`: every token.
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, layer_norm_epsilon: float = LAYER_NORM_EPSILON,
@@ -472,9 +487,9 @@ class MAPHead(keras.layers.Layer):
         self.norm.build(probe_shape)
         self.mlp.build(probe_shape)
 
-    def call(self, tokens):
+    def call(self, tokens, token_mask=None):
         probe = ops.broadcast_to(ops.cast(self.probe, tokens.dtype), (ops.shape(tokens)[0], 1, tokens.shape[-1]))
-        x = self.attention(probe, context=tokens)
+        x = self.attention(probe, context=tokens, attention_mask=token_mask)
         return (x + self.mlp(self.norm(x)))[:, 0]
 
     def compute_output_shape(self, input_shape):

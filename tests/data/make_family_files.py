@@ -22,6 +22,9 @@ transformers' slow (PIL) processors compute `pixels`; DINOv3's (`DINOv3ViTImageP
 torchvision) is computed by its arithmetic (`dinov3_processor`); timm's evaluation transform (`resolve_data_config` +
 `create_transform`, which needs torchvision) is computed here by its documented arithmetic: PIL resize of the
 short side to floor(size / crop_pct), torchvision's CenterCrop (offsets rounded), ToTensor, Normalize.
+hf_siglip2_naflex_p8 (`siglip2_naflex_case`, alone: `python -m tests.data.make_family_files siglip2_naflex`) holds
+a SigLIP 2 NaFlex tower, its five test JPEGs and its own reference.npz (described there), for
+tests/checkpoints/test_naflex.py.
 """
 
 from __future__ import annotations
@@ -264,6 +267,87 @@ def dinov3_cases(image: Image.Image) -> None:
                                                     use_gated_mlp=True, rope_theta=75.0), processor)
 
 
+# --- SigLIP 2 NaFlex (transformers) ---
+
+NAFLEX_PREFIX = "hf_siglip2_naflex"  # folders whose model takes patch sequences, not images
+NAFLEX = NAFLEX_PREFIX + "_p8"
+NAFLEX_BUDGETS = (64, 37)  # the processor's max_num_patches, and another
+# (height, width): aspect ratios 1:3, 3:4, 1:1, 16:5 (width:height), and a tiny one that grows to a few patches.
+NAFLEX_SHAPES = ((300, 100), (240, 320), (250, 250), (160, 512), (20, 45))
+
+
+def naflex_photo(height: int, width: int, index: int) -> Image.Image:
+    """A smooth test picture of the given shape, saved as a JPEG (naflex_<index>.jpg in the NaFlex folder) and
+    read back, as `photo()` makes its own."""
+    y, x = np.mgrid[0:height, 0:width] / (max(height, width) / 5.0)
+    image = np.stack([128 + 90 * np.sin(x + y + index), 128 + 90 * np.cos(1.3 * x - y),
+                      128 + 80 * np.sin(2.1 * y - 0.5 * x)], -1)
+    path = os.path.join(FOLDER, NAFLEX, f"naflex_{index}.jpg")
+    Image.fromarray(image.round().astype(np.uint8)).save(path, quality=92)
+    return Image.open(path).convert("RGB")
+
+
+def siglip2_naflex_case() -> None:
+    """A random `Siglip2VisionModel` (patch 8, a 4x4 position table made loud, every weight perturbed) and its
+    `Siglip2ImageProcessor` (slow, PIL bilinear; mean and std away from the defaults, max_num_patches 64),
+    saved with `save_pretrained`, and reference.npz: for each picture of `NAFLEX_SHAPES` at each budget of
+    `NAFLEX_BUDGETS` (key suffix `_<image>_<budget>`), the processor's `pixel_values`, `pixel_attention_mask`,
+    `spatial_shapes`, its pixels before rescaling and normalization (`raw`, PIL's uint8 values), and the model's
+    `pooler_output` and `last_hidden_state` on that image alone. A batch of all pictures at one budget is checked
+    here to give each image's outputs alone."""
+    import torch
+    from transformers import Siglip2ImageProcessor, Siglip2VisionConfig, Siglip2VisionModel
+
+    folder = os.path.join(FOLDER, NAFLEX)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    torch.manual_seed(0)
+    model = Siglip2VisionModel(Siglip2VisionConfig(**TINY, patch_size=8, num_patches=16)).eval()
+    with torch.no_grad():
+        for key, parameter in model.named_parameters():
+            parameter.normal_(0, 0.2)
+            if "position_embedding" in key:
+                loud_table(parameter)
+    model.save_pretrained(folder)
+    processor = Siglip2ImageProcessor(patch_size=8, max_num_patches=NAFLEX_BUDGETS[0], image_mean=MEAN,
+                                      image_std=STD)
+    processor.save_pretrained(folder)
+    images = [naflex_photo(height, width, index) for index, (height, width) in enumerate(NAFLEX_SHAPES)]
+    arrays = {}
+
+    def run(inputs):
+        with torch.no_grad():
+            return model(**{key: torch.from_numpy(value) for key, value in inputs.items()})
+
+    for budget in NAFLEX_BUDGETS:
+        batch = processor(images, max_num_patches=budget, return_tensors="np")
+        together = run(batch)
+        for index, image in enumerate(images):
+            inputs = processor(image, max_num_patches=budget, return_tensors="np")
+            raw = processor(image, max_num_patches=budget, do_rescale=False, do_normalize=False,
+                            return_tensors="np")["pixel_values"]
+            assert np.array_equal(raw, raw.round()) and raw.max() <= 255
+            alone = run(inputs)
+            valid = int(inputs["pixel_attention_mask"].sum())
+            for name in ("pooler_output", "last_hidden_state"):
+                one, batched = getattr(alone, name)[0].numpy(), getattr(together, name)[index].numpy()
+                if name == "last_hidden_state":
+                    one, batched = one[:valid], batched[:valid]
+                assert np.abs(one - batched).max() <= 1e-5 * max(1.0, np.abs(one).max()), (name, index, budget)
+            suffix = f"_{index}_{budget}"
+            arrays.update({f"raw{suffix}": raw[0].astype(np.uint8),
+                           f"pixel_values{suffix}": inputs["pixel_values"][0].astype(np.float32),
+                           f"pixel_attention_mask{suffix}": inputs["pixel_attention_mask"][0].astype(np.int32),
+                           f"spatial_shapes{suffix}": inputs["spatial_shapes"][0].astype(np.int32),
+                           f"pooler_output{suffix}": alone.pooler_output[0].numpy(),
+                           f"last_hidden_state{suffix}": alone.last_hidden_state[0].numpy()})
+    np.savez_compressed(os.path.join(folder, "reference.npz"), **arrays)
+    meta = dict(source="transformers", family="siglip2_naflex", budgets=list(NAFLEX_BUDGETS),
+                shapes=[list(shape) for shape in NAFLEX_SHAPES])
+    with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as file:
+        json.dump(meta, file, indent=1, sort_keys=True)
+
+
 # --- timm ---
 
 def timm_transform(image: Image.Image, size: int, crop_pct: float, interpolation: int,
@@ -418,15 +502,19 @@ def transformers_resize_sizes() -> None:
 
 
 def main() -> None:
-    """Every family's files; `python -m tests.data.make_family_files timm_eva` makes timm's Eva folders alone."""
+    """Every family's files; `python -m tests.data.make_family_files siglip2_naflex` makes that folder alone."""
     if sys.argv[1:] == ["timm_eva"]:
         timm_eva_cases()
+        return
+    if sys.argv[1:] == ["siglip2_naflex"]:
+        siglip2_naflex_case()
         return
     image = photo()
     transformers_cases(image)
     dinov3_cases(image)
     timm_cases(image)
     timm_eva_cases()
+    siglip2_naflex_case()
     transformers_resize_sizes()
     for root, _, files in sorted(os.walk(FOLDER)):
         for name in sorted(files):

@@ -1,0 +1,152 @@
+"""SigLIP 2 NaFlex checkpoints from transformers: a `Siglip2VisionModel` (or the image tower of a `Siglip2Model`)
+saved with `save_pretrained`, its `config.json` (model_type `siglip2_vision_model` or `siglip2`) and its
+`Siglip2ImageProcessor`'s `preprocessor_config.json` (transformers 4.57.6, src/transformers/models/siglip2/).
+
+The weights are SigLIP's (`torch_layout.HF_SIGLIP`'s key table) but for the patch embedding, a Linear over
+the flattened (row, column, channel) pixels of a patch instead of a convolution, and a position table of
+`num_patches` rows resized to each image's grid at run time. Pure NumPy."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+from keras_vit.checkpoints import config_files, locate, safetensors_file, torch_layout
+
+MODEL_TYPES = ("siglip2_vision_model", "siglip2")
+LAYOUT = "huggingface-siglip2-naflex"  # `CheckpointFile.layout` of such a file
+PROCESSOR_TYPES = ("Siglip2ImageProcessor", "Siglip2ImageProcessorFast")
+_PATCH_KEY = "embeddings.patch_embedding.weight"
+_POSITION_KEY = "embeddings.position_embedding.weight"
+
+
+@dataclasses.dataclass(frozen=True)
+class NaFlexFile:
+    """What a SigLIP 2 NaFlex file states.
+
+    Attributes:
+        path: the weights file.
+        config: `ViTConfig` fields (architecture, numerics, `classifier="map"`).
+        position_grid: (rows, columns) of the position table (`num_patches` = rows * columns, a square).
+        preprocessing: `image_mean`, `image_std`, `max_num_patches` of its processor (empty without one).
+    """
+
+    path: str
+    config: dict[str, Any]
+    position_grid: tuple[int, int]
+    preprocessing: dict[str, Any]
+
+
+def _config_of(weights) -> tuple[str, dict] | None:
+    """(weights file, the vision config) of a local NaFlex checkpoint, else None."""
+    if not isinstance(weights, (str, os.PathLike)):
+        return None
+    weights = os.fspath(weights)
+    if not (os.path.exists(weights) or locate.is_hub_name(weights)):
+        return None
+    path = locate.locate(weights)
+    if not os.path.isfile(path):
+        return None
+    config = config_files.Beside(path).config
+    if not is_naflex_config(config):
+        return None
+    return path, config.get("vision_config", config) if config["model_type"] == "siglip2" else config
+
+
+def is_naflex_config(config: dict | None) -> bool:
+    """Whether a `config.json` (as a dict, or None) is a SigLIP 2 (NaFlex) transformers model's."""
+    return bool(config) and config.get("model_type") in MODEL_TYPES
+
+
+def read_naflex_checkpoint(weights: str) -> NaFlexFile:
+    """Reads a SigLIP 2 NaFlex checkpoint's configs (no tensor data).
+
+    Raises:
+        ValueError: not such a checkpoint, or what keras_vit does not implement (named): another number of channels,
+            a non-square position table, a tower without its attention-pooling head, a `hidden_act` not
+            implemented, a processor that does not resize bilinearly, rescale by 1 / 255 and normalize, or whose
+            patch size differs from the model's.
+    """
+    found = _config_of(weights)
+    if found is None:
+        raise ValueError(f"{weights!r} is not a SigLIP 2 checkpoint: its config.json must have model_type "
+                         f"{' or '.join(map(repr, MODEL_TYPES))}.")
+    path, config = found
+    origin = os.path.join(os.path.dirname(path), config_files.CONFIG)
+    header = safetensors_file.read_header(path) if path.endswith(".safetensors") else None
+    if header is None:
+        raise ValueError(f"{path!r}: a SigLIP 2 checkpoint is read from its model.safetensors.")
+    shapes = {key: info.shape for key, info in header.items()}
+    prefix = torch_layout.hf_prefix(shapes)
+    patch, position = (shapes.get(prefix + key) for key in (_PATCH_KEY, _POSITION_KEY))
+    if patch is None or position is None or len(patch) != 2:
+        raise ValueError(f"{path!r}: no NaFlex patch embedding {prefix + _PATCH_KEY!r} (out, patch * patch * "
+                         f"channels) and position table {prefix + _POSITION_KEY!r}; found {len(shapes)} keys.")
+    if not any(key.startswith(prefix + "head.probe") for key in shapes):
+        raise ValueError(f"{path!r}: a tower without its attention-pooling head (vision_use_head=False) is not "
+                         "implemented; keras_vit builds SigLIP 2 with its MAP head.")
+    channels, patch_size = int(config.get("num_channels", 3)), int(config.get("patch_size", 16))
+    if channels != 3 or patch[1] != patch_size * patch_size * channels:
+        raise ValueError(f"{origin!r}: num_channels={channels}, patch_size={patch_size} do not give the patch "
+                         f"embedding's {patch[1]} inputs, or the images are not RGB (keras_vit takes 3 channels).")
+    side = math.isqrt(position[0])
+    if side * side != position[0]:
+        raise ValueError(f"{path!r}: a position table of {position[0]} rows, not a square grid, as "
+                         "Siglip2VisionEmbeddings needs.")
+    numerics = config_files.read_hf_config(config_files.Beside(path)) or {}
+    fields = dict(patch_size=patch_size, hidden_dim=int(patch[0]), mlp_dim=int(config.get("intermediate_size", 0)),
+                  num_heads=int(config["num_attention_heads"]), num_layers=int(config["num_hidden_layers"]),
+                  classifier="map", layer_norm_epsilon=numerics.get("layer_norm_epsilon", 1e-6),
+                  activation=numerics.get("activation", "gelu"),
+                  gelu_approximate=numerics.get("gelu_approximate", True))
+    processor = config_files.Beside(path).processor
+    preprocessing = read_processor(processor, os.path.join(os.path.dirname(path), config_files.PROCESSOR),
+                                   patch_size) if processor is not None else {}
+    return NaFlexFile(path, fields, (side, side), preprocessing)
+
+
+def read_processor(config: dict, origin: str, patch_size: int) -> dict[str, Any]:
+    """`image_mean`, `image_std`, `max_num_patches` of a `Siglip2ImageProcessor` config (its defaults where
+    unset); ValueError for a rule keras_vit does not compute."""
+    kind = config.get("image_processor_type")
+    if kind not in PROCESSOR_TYPES:
+        raise ValueError(f"{origin!r}: image_processor_type={kind!r}; a SigLIP 2 NaFlex model reads "
+                         f"{' or '.join(PROCESSOR_TYPES)}.")
+    unsupported = [f"{key}={config[key]!r}" for key, expected in
+                   (("do_resize", True), ("resample", 2), ("do_rescale", True), ("do_normalize", True))
+                   if key in config and config[key] != expected]
+    factor = config.get("rescale_factor", 1 / 255)
+    if not math.isclose(factor, 1 / 255, rel_tol=1e-9):
+        unsupported.append(f"rescale_factor={factor!r}")
+    if config.get("patch_size", 16) != patch_size:
+        unsupported.append(f"patch_size={config.get('patch_size', 16)!r} (the model's is {patch_size})")
+    if unsupported:
+        raise ValueError(f"{origin!r}: {', '.join(unsupported)} is not implemented: keras_vit's NaFlex rule resizes "
+                         "bilinearly (resample=2), rescales by 1 / 255 and normalizes, at the model's patch size.")
+    budget = config.get("max_num_patches", 256)
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise ValueError(f"{origin!r}: max_num_patches={budget!r}; expected a positive int.")
+    mean, std = (config.get(key, [0.5, 0.5, 0.5]) for key in ("image_mean", "image_std"))
+    mean, std = ([float(value)] * 3 if isinstance(value, (int, float)) else [float(v) for v in value]
+                 for value in (mean, std))
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise ValueError(f"{origin!r}: image_mean={mean}, image_std={std}; expected 3 values each, std > 0.")
+    return dict(image_mean=tuple(mean), image_std=tuple(std), max_num_patches=budget)
+
+
+def naflex_arrays(file: NaFlexFile) -> torch_layout.Translation:
+    """The file's tensors in the `.npz` layout (`torch_layout.translate` with SigLIP's table): the patch embedding's
+    Linear as a (patch * patch * 3, D) Dense kernel, the position table as (1, rows * columns, D)."""
+    tensors = safetensors_file.read_safetensors(file.path)
+    prefix = torch_layout.hf_prefix(tensors)
+    linear = tensors.pop(prefix + _PATCH_KEY)
+    patch = file.config["patch_size"]
+    # (out, row * column * channel) as a convolution's (out, channel, row, column), which the table transposes.
+    tensors[prefix + _PATCH_KEY] = linear.reshape(linear.shape[0], patch, patch, 3).transpose(0, 3, 1, 2)
+    translation = torch_layout.translate(tensors, torch_layout.HF_SIGLIP, file.config["num_heads"])
+    kernel = translation.arrays.get("embedding/kernel")
+    if kernel is not None:
+        translation.arrays["embedding/kernel"] = kernel.reshape(-1, kernel.shape[-1])
+    return translation
