@@ -43,7 +43,8 @@ def load_or_build(model_or_path: keras.Model | str | os.PathLike | None = None, 
         raise ValueError("Give a model (or `.keras` path), a `variant`, or weights= a local weights file, directory "
                          f"or hf:// name whose architecture keras_vit reads. Received: weights={weights!r}")
     if file is not None:
-        file.check_image_model("the command-line tools (keras-vit-export, keras-vit-tflite, ...)")
+        file.check_image_model("the command-line tools (keras-vit-tflite, keras-vit-inspect, ...; keras-vit-export "
+                               "serves it as a SavedModel)")
     weights = file or weights
     if pooling is None and classes is None and file is not None and file.layout is not None \
             and file.head_classes is None:  # a headless tower (DINOv2, CLIP without projection): its pooling

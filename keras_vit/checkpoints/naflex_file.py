@@ -60,6 +60,12 @@ def is_naflex_config(config: dict | None) -> bool:
     return bool(config) and config.get("model_type") in MODEL_TYPES
 
 
+def is_naflex_checkpoint(weights) -> bool:
+    """Whether `weights` (a local file, folder or `hf://` name; anything else is not) is a SigLIP 2 NaFlex
+    checkpoint: its config.json is read, not its tensors."""
+    return _config_of(weights) is not None
+
+
 def read_naflex_checkpoint(weights: str) -> NaFlexFile:
     """Reads a SigLIP 2 NaFlex checkpoint's configs (no tensor data).
 

@@ -6,6 +6,7 @@ atomically.
     keras-vit-export --variant B/16 --weights vit.weights.h5 --out /models/vit
     keras-vit-export --variant B/16 --weights imagenet --any-size --out /models/vit
     keras-vit-export --weights hf://facebook/dinov2-base --out /models/dinov2 --signatures embed,features
+    keras-vit-export --weights siglip2_naflex/ --max-num-patches 256 --out /models/siglip2  # each image's own grid
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
                              "TF_ENABLE_ONEDNN_OPTS=0: the GELU in fewer ops, the attention head by head, a "
                              "request's images run in groups small enough for malloc to reuse their buffers. Same "
                              "outputs either way")
+    parser.add_argument("--max-num-patches", type=int,
+                        help="SigLIP 2 NaFlex --weights only: the patch budget; each image keeps its aspect ratio, "
+                             "resized inside the graph to the largest grid of at most this many patches (default: "
+                             "its processor's max_num_patches, else 256)")
     return parser
 
 
@@ -108,6 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--feature-blocks: expected comma-separated ints, e.g. -1 or 3,7,11. Received: "
                      f"{args.feature_blocks!r}")
     cli.require("keras-vit-export", "export")
+    from keras_vit.checkpoints import naflex_file
+
+    if args.weights and not args.model and naflex_file.is_naflex_checkpoint(args.weights):
+        return _export_naflex(parser, args, signatures)
+    if args.max_num_patches is not None:
+        parser.error("--max-num-patches is the patch budget of SigLIP 2 NaFlex weights; this model takes images "
+                     "of one size (drop the flag).")
     if args.format == "onnx":
         cli.require("keras-vit-export", "onnx")
     import numpy as np
@@ -130,6 +142,37 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           l2_normalize=args.l2_normalize, serving_kernels=args.serving_kernels)
     names = ", ".join(["serving_default", serving.BYTES_SIGNATURE, *signatures])
     print(f"Wrote SavedModel {path} (signatures: {names}).")
+    return 0
+
+
+def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, signatures: Sequence[str]) -> int:
+    """SigLIP 2 NaFlex --weights: its SavedModel from encoded images (`keras_vit.export.naflex_serving`); the flags
+    of image models are refused by name."""
+    changed = [f"--{name.replace('_', '-')}" for name in ("top_k", "feature_blocks", "logit_scale", "logit_bias")
+               if getattr(args, name) != parser.get_default(name)]
+    refused = [flag for flag, given in (
+        ("--variant", args.variant), ("--image-size", args.image_size), ("--classes", args.classes),
+        ("--pooling", args.pooling), ("--any-size", args.any_size), ("--format onnx", args.format == "onnx"),
+        ("--class-names", args.class_names), ("--class-embeddings", args.class_embeddings),
+        ("--embedding head", args.embedding != "pooled"), ("--signatures explain", "explain" in signatures),
+        *((flag, True) for flag in changed)) if given]
+    if refused:
+        parser.error(f"{refused[0]} does not apply to SigLIP 2 NaFlex weights ({args.weights}): their SavedModel "
+                     "takes encoded images, each resized to its own grid of at most --max-num-patches patches, and "
+                     "serves the pooled embedding (serving_default, embed) and with --signatures features the "
+                     "tokens.")
+    from keras_vit import naflex
+    from keras_vit.export import naflex_serving
+
+    budget = args.max_num_patches
+    if budget is None:
+        budget = naflex.naflex_file.read_naflex_checkpoint(args.weights).preprocessing.get("max_num_patches", 256)
+    path = naflex_serving.export_naflex_saved_model(
+        naflex.NaFlexViT(weights=args.weights), args.out, max_num_patches=budget, version=args.version,
+        overwrite=args.overwrite, max_pixels=args.max_pixels, max_batch=args.max_batch, signatures=signatures,
+        l2_normalize=args.l2_normalize, serving_kernels=args.serving_kernels)
+    names = ", ".join(naflex_serving.signature_names(signatures))
+    print(f"Wrote SavedModel {path} (SigLIP 2 NaFlex, at most {budget} patches per image; signatures: {names}).")
     return 0
 
 

@@ -221,16 +221,17 @@ def test_what_is_not_supported_is_refused_by_name(tmp_path):
 
 
 def test_the_command_line_tools_refuse_it_by_name(tmp_path, capsys):
-    """keras-vit-export (and the other tools that build an image model from --weights) and keras-vit-convert say
-    what the file is and how to build it, and write nothing."""
-    from keras_vit.cli import export as export_cli
+    """keras-vit-tflite (and the other tools that build an image model from --weights, but keras-vit-export, which
+    serves it: tests/export/test_naflex_serving.py) and keras-vit-convert say what the file is and how to build it,
+    and write nothing."""
+    from keras_vit.cli import tflite as tflite_cli
     from keras_vit.convert import convert_checkpoint
 
     with pytest.raises(SystemExit) as stopped:
-        export_cli.main(["--weights", CASE, "--out", str(tmp_path / "served")])
+        tflite_cli.main(["--weights", CASE, "--out", str(tmp_path / "served")])
     assert stopped.value.code == 1  # the tools' status for an input they refuse
     assert re.search(r"is a SigLIP 2 NaFlex checkpoint, whose model takes patch sequences .* which the command-line "
-                     r"tools \(keras-vit-export", capsys.readouterr().err)
+                     r"tools \(keras-vit-tflite", capsys.readouterr().err)
     with pytest.raises(ValueError, match=r"which keras-vit-convert cannot take yet"):
         convert_checkpoint(CASE, str(tmp_path / "model.keras"))
     assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,226 @@
+"""A SigLIP 2 NaFlex model (`keras_vit.naflex.NaFlexViT`) as a TF Serving SavedModel from encoded images.
+
+    keras-vit-export --weights <Siglip2VisionModel folder> --max-num-patches 256 --out /models/siglip2
+
+Every signature takes `image_bytes` (a batch of JPEG / PNG / GIF / BMP strings, bounded as `serving_bytes`:
+`max_batch` images, each checked for `max_pixels` from its header before it is decoded, `keras_vit.image_io`) and
+applies `Siglip2ImageProcessor`'s rule inside the graph, one image at a time: the image keeps its aspect ratio,
+resized to the largest grid of at most `max_num_patches` patches (`naflex_image_size`, the same binary search as
+`keras_vit.naflex.naflex_image_size` in float64), bilinearly (`tf.image.resize(..., antialias=True)`, PIL's
+triangle filter in float32, not rounded: PIL resizes uint8 in fixed point, so values differ from its by at most
+one level), cut into row-major patches padded to the budget with their mask and grid (`naflex_patches`).
+
+- `serving_default`, `serving_bytes`, `embed`: `{"embedding": (batch, D)}`, the MAP head's pooled vector
+  (`pooler_output`), L2-normalized with `l2_normalize`;
+- `features` (asked for): `{"tokens": (batch, max_num_patches, D), "patch_mask": (batch, max_num_patches),
+  "spatial_shapes": (batch, 2)}`, each image's final-norm tokens at its own (rows, columns) grid, row-major, the
+  padding rows after them.
+
+The version folder is written atomically as `export.saved_model` writes one, with warmup requests and
+`assets.extra/keras_vit_export.json` (`saved_model.read_metadata`), which records `max_num_patches`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_vit import image_io, kernels
+from keras_vit.atomic import DiskSpaceError, atomic_write, check_free_space, variables_bytes
+from keras_vit.layers.naflex import NaFlexPositionEmbedding
+
+from . import saved_model, serving
+
+SIGNATURES = ("embed", "features")  # what `signatures=` may ask for; embed is always served
+RESIZE = "bilinear, antialiased (tf.image.resize in float32, not rounded to uint8 as PIL's), aspect ratio kept"
+_EPS = 1e-5  # transformers' `get_image_size_for_max_num_patches` default
+_WARMUP_SIZE = (48, 80)
+
+
+def naflex_image_size(height, width, patch_size: int, max_num_patches, eps: float = _EPS) -> tf.Tensor:
+    """int32 (..., 2): the (height, width) each image is resized to, elementwise over `height`, `width` (and
+    `max_num_patches` where it is a tensor): `keras_vit.naflex.naflex_image_size` in graph ops, the same binary
+    search on the scale in float64, each element stopping where the NumPy loop stops."""
+    height, width = tf.cast(height, tf.float64), tf.cast(width, tf.float64)
+    budget = tf.cast(max_num_patches, tf.float64)
+    patch = tf.constant(float(patch_size), tf.float64)
+    zeros = tf.zeros_like(height + width + budget)  # the broadcast shape, static where the inputs' are
+
+    def scaled(scale: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
+        return tf.maximum(patch, tf.math.ceil(size * scale / patch) * patch)
+
+    def searching(low: tf.Tensor, high: tf.Tensor) -> tf.Tensor:
+        return high - low >= eps
+
+    def step(low: tf.Tensor, high: tf.Tensor):
+        scale = (low + high) / 2.0
+        fits = (scaled(scale, height) / patch) * (scaled(scale, width) / patch) <= budget
+        going = searching(low, high)
+        return (tf.where(going & fits, scale, low), tf.where(going & ~fits, scale, high))
+
+    start = (zeros + eps / 10, zeros + 100.0)
+    low, _ = tf.while_loop(lambda low, high: tf.reduce_any(searching(low, high)), step, start)
+    return tf.cast(tf.stack([scaled(low, height), scaled(low, width)], axis=-1), tf.int32)
+
+
+def naflex_patches(image: tf.Tensor, patch_size: int, max_num_patches: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """One RGB image (height, width, 3) -> the model's inputs for it: `patches` (max_num_patches, patch * patch * 3)
+    float32 in [0, 255] (row-major patches flattened as (row, column, channel), zeros after them), `patch_mask`
+    (max_num_patches,) int32 and `spatial_shapes` (2,) int32, its (rows, columns) grid."""
+    height, width = tf.unstack(naflex_image_size(tf.shape(image)[0], tf.shape(image)[1], patch_size, max_num_patches))
+    size = tf.stack([height, width])  # axis 0: tf.image.resize reads a stacked size's static value only so
+    resized = tf.image.resize(image[tf.newaxis], size, method="bilinear", antialias=True)[0]
+    rows, columns = size[0] // patch_size, size[1] // patch_size
+    grid = tf.reshape(resized, (rows, patch_size, columns, patch_size, 3))
+    sequence = tf.reshape(tf.transpose(grid, (0, 2, 1, 3, 4)), (rows * columns, patch_size * patch_size * 3))
+    count = rows * columns
+    message = tf.strings.format("Image of {}x{} pixels needs {} patches of {} pixels at the smallest scale, over the "
+                                "budget of max_num_patches={} set at export; send a less elongated image.",
+                                (tf.shape(image)[0], tf.shape(image)[1], count, patch_size, max_num_patches))
+    with tf.control_dependencies([tf.debugging.Assert(count <= max_num_patches, [message])]):
+        patches = tf.pad(sequence, [[0, max_num_patches - count], [0, 0]])
+    mask = tf.cast(tf.range(max_num_patches) < count, tf.int32)
+    return (tf.ensure_shape(patches, (max_num_patches, patch_size * patch_size * 3)), mask,
+            tf.stack([rows, columns]))
+
+
+def decode(image_bytes: tf.Tensor, patch_size: int, max_num_patches: int,
+           max_pixels: int = serving.DEFAULT_MAX_PIXELS) -> dict[str, tf.Tensor]:
+    """A batch of encoded images -> the model's inputs (`naflex_patches` of each), decoded one after another
+    (`image_io.decode_rgb`: empty, unsupported, corrupt, truncated or over-`max_pixels` images raise
+    InvalidArgumentError for the whole request, as on `serving_bytes`)."""
+    width = patch_size * patch_size * 3
+    signature = (tf.TensorSpec((max_num_patches, width), tf.float32), tf.TensorSpec((max_num_patches,), tf.int32),
+                 tf.TensorSpec((2,), tf.int32))
+    patches, mask, shapes = tf.map_fn(
+        lambda data: naflex_patches(image_io.decode_rgb(data, max_pixels), patch_size, max_num_patches),
+        image_bytes, fn_output_signature=signature, parallel_iterations=1)
+    return {"patches": patches, "patch_mask": mask, "spatial_shapes": shapes}
+
+
+def is_naflex_model(model: keras.Model) -> bool:
+    """Whether `model` is a NaFlex ViT (it has a `NaFlexPositionEmbedding`)."""
+    return any(isinstance(layer, NaFlexPositionEmbedding) for layer in model.layers)
+
+
+def patch_size_of(model: keras.Model) -> int:
+    """The patch size of a `NaFlexViT` that takes [0, 255] patches; ValueError for one that is not, or that takes
+    normalized patches (`include_preprocessing=False`)."""
+    if not is_naflex_model(model) or not isinstance(model.input, dict) or "patches" not in model.input:
+        raise ValueError(f"Model {model.name!r} is not a NaFlex ViT (keras_vit.naflex.NaFlexViT).")
+    if "preprocessing" not in [layer.name for layer in model.layers]:
+        raise ValueError(f"Model {model.name!r} takes normalized patches (include_preprocessing=False); the served "
+                         "model decodes [0, 255] pixels: build it with include_preprocessing=True.")
+    width = int(model.input["patches"].shape[-1])
+    patch = math.isqrt(width // 3)
+    if patch * patch * 3 != width:
+        raise ValueError(f"Model {model.name!r}: patches of {width} values are not patch * patch * 3.")
+    return patch
+
+
+def _check(max_num_patches: int, signatures: Sequence[str]) -> None:
+    if not isinstance(max_num_patches, int) or isinstance(max_num_patches, bool) or max_num_patches < 1:
+        raise ValueError(f"`max_num_patches` must be a positive int. Received: max_num_patches={max_num_patches!r}")
+    unknown = [name for name in signatures if name not in SIGNATURES]
+    if unknown or isinstance(signatures, str):
+        raise ValueError(f"Signature {(unknown or [signatures])[0]!r} is not served for a NaFlex model. Expected "
+                         f"a sequence of {', '.join(SIGNATURES)}.")
+
+
+def naflex_archive(model: keras.Model, max_num_patches: int, *, max_pixels: int = serving.DEFAULT_MAX_PIXELS,
+                   max_batch: int = serving.DEFAULT_MAX_BATCH, signatures: Sequence[str] = (),
+                   l2_normalize: bool = False, serving_kernels: str = "onednn") -> keras.export.ExportArchive:
+    """An ExportArchive of `model` (a `NaFlexViT`) with `serving_default`, `serving_bytes` and `embed` (the
+    embedding) and, asked for, `features` (tokens, mask, grids), each from encoded images (see the module)."""
+    serving.check_limits(max_pixels, max_batch)
+    kernels.check_serving_kernels(serving_kernels)
+    _check(max_num_patches, signatures)
+    patch_size = patch_size_of(model)
+
+    def inputs_of(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+        with tf.control_dependencies([serving.check_batch(tf.size(image_bytes), max_batch)]):
+            return decode(tf.identity(image_bytes), patch_size, max_num_patches, max_pixels)
+
+    def embed(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+        with kernels.served_on(serving_kernels):
+            embedding = model(inputs_of(image_bytes), training=False)["embedding"]
+            return {"embedding": tf.math.l2_normalize(embedding, axis=-1) if l2_normalize else embedding}
+
+    def features(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+        with kernels.served_on(serving_kernels):
+            inputs = inputs_of(image_bytes)
+            return {"tokens": model(inputs, training=False)["tokens"], "patch_mask": inputs["patch_mask"],
+                    "spatial_shapes": inputs["spatial_shapes"]}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    spec = [tf.TensorSpec((None,), tf.string, serving.BYTES_KEY)]
+    for name in ("serving_default", serving.BYTES_SIGNATURE, "embed"):
+        archive.add_endpoint(name, embed, input_signature=spec)
+    if "features" in signatures:
+        archive.add_endpoint("features", features, input_signature=spec)
+    return archive
+
+
+def signature_names(signatures: Sequence[str] = ()) -> list[str]:
+    """The signatures an export with `signatures=` asked for serves, in order."""
+    return ["serving_default", serving.BYTES_SIGNATURE, "embed", *(["features"] if "features" in signatures else [])]
+
+
+def _warmup_requests(model_name: str) -> list[bytes]:
+    """PredictionLogs: a PNG and a JPEG on `serving_default`."""
+    image = saved_model.warmup_image(_WARMUP_SIZE)
+    encoded = (tf.io.encode_png(image).numpy(), tf.io.encode_jpeg(image).numpy())
+    return [saved_model.prediction_log(model_name, "serving_default", serving.BYTES_KEY, np.array([data], object))
+            for data in encoded]
+
+
+def export_naflex_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, max_num_patches: int,
+                              version: int | None = None, overwrite: bool = False,
+                              max_pixels: int = serving.DEFAULT_MAX_PIXELS,
+                              max_batch: int = serving.DEFAULT_MAX_BATCH, signatures: Sequence[str] = (),
+                              l2_normalize: bool = False, serving_kernels: str = "onednn") -> Path:
+    """Writes `base_dir/<version>/` (SavedModel, warmup requests, metadata) of a `NaFlexViT` atomically; returns its
+    path.
+
+    Args:
+        model: a `keras_vit.naflex.NaFlexViT` taking [0, 255] patches (`VisionTransformer(weights=<SigLIP 2 NaFlex
+            folder>)`).
+        base_dir: the model's base directory, as given to TF Serving's `--model_base_path`.
+        max_num_patches: the patch budget of every image (the processor's `max_num_patches`).
+        version, overwrite, max_pixels, max_batch, l2_normalize, serving_kernels: as
+            `saved_model.export_saved_model`.
+        signatures: `"features"` for the tokens signature (`"embed"` is always served).
+    """
+    base, version, target = saved_model.version_folder(base_dir, version, overwrite)
+    archive = naflex_archive(model, max_num_patches, max_pixels=max_pixels, max_batch=max_batch,
+                             signatures=signatures, l2_normalize=l2_normalize, serving_kernels=serving_kernels)
+    names = signature_names(signatures)
+    metadata = {"model": "naflex", "max_num_patches": max_num_patches, "patch_size": patch_size_of(model),
+                "image_size": None, "max_pixels": max_pixels, "max_batch": max_batch, "l2_normalize": l2_normalize,
+                "serving_kernels": serving_kernels, "image_formats": list(image_io.FORMATS), "signatures": names,
+                "preprocessing": {"resize": RESIZE, "rule": "Siglip2ImageProcessor (transformers 4.57.6)"}}
+    check_free_space({str(base): variables_bytes(model.weights)}, f"SavedModel version {version}")
+    try:
+        with atomic_write(target, folder=True) as partial:
+            archive.write_out(partial, verbose=False)
+            warmup = Path(partial) / saved_model.WARMUP_FILE
+            warmup.parent.mkdir(parents=True, exist_ok=True)
+            with tf.io.TFRecordWriter(str(warmup)) as writer:
+                for record in _warmup_requests(base.name):
+                    writer.write(record)
+            (Path(partial) / saved_model.METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n",
+                                                                   encoding="utf-8")
+    except tf.errors.ResourceExhaustedError as error:  # TensorFlow's writer on a full disk (ENOSPC)
+        raise DiskSpaceError(errno.ENOSPC, f"The disk filled up while SavedModel version {version} was written in "
+                             f"{base} ({error.message.split(';')[-1].strip()}). Nothing was written and the versions "
+                             "there before are whole: free some space and export again") from None
+    return target

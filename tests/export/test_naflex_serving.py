@@ -1,0 +1,176 @@
+"""The served SigLIP 2 NaFlex SavedModel (`keras-vit-export --weights <NaFlex folder> --max-num-patches N`,
+export/naflex_serving.py): from the JPEG bytes of tests/data/families/hf_siglip2_naflex_p8's five pictures (1:3 to
+16:5) through TF1's loader, as TF Serving loads it, against transformers' `pooler_output` of PIL's pixels."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_vit import naflex
+from keras_vit.cli import export as export_cli
+from keras_vit.export import naflex_serving, saved_model
+from tests import images as odd
+from tests.data.make_family_files import FOLDER, NAFLEX, NAFLEX_BUDGETS, NAFLEX_SHAPES
+from tests.testing import TF1Server
+
+CASE = os.path.join(FOLDER, NAFLEX)
+PATCH = 8
+MAX_BATCH = 5
+
+
+def jpeg(index: int) -> bytes:
+    with open(os.path.join(CASE, f"naflex_{index}.jpg"), "rb") as file:
+        return file.read()
+
+
+def one_minus_cos(a, b) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(1.0 - a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    with np.load(os.path.join(CASE, "reference.npz")) as arrays:
+        return dict(arrays)
+
+
+class Exports(dict):
+    """budget -> (TF1Server, version folder), each exported (about 11 s on 2 cores) when first asked for:
+    `keras-vit-export --max-num-patches <budget> --signatures features`, budget 37 with --l2-normalize."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder
+
+    def __missing__(self, budget: int):
+        out = self.folder / str(budget)
+        flags = ["--l2-normalize"] if budget == 37 else []
+        assert export_cli.main(["--weights", CASE, "--out", str(out), "--max-num-patches", str(budget),
+                                "--max-batch", str(MAX_BATCH), "--signatures", "features", *flags]) == 0
+        self[budget] = (TF1Server(out / "1"), out / "1")
+        return self[budget]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Exports:
+    return Exports(tmp_path_factory.mktemp("naflex"))
+
+
+def request(*indices: int) -> dict:
+    return {"image_bytes": np.array([jpeg(index) for index in indices], dtype=object)}
+
+
+def test_size_rule_equals_the_numpy_rule_on_many_sizes():
+    """`naflex_image_size` in graph ops (float64 binary search, elementwise) = `keras_vit.naflex.naflex_image_size`
+    on 3,000 random (height, width, budget) triples and the edge cases, at patch 8 and 16."""
+    rng = np.random.default_rng(0)
+    heights = np.concatenate([rng.integers(1, 6000, 2900), [1, 1, 8, 16, 7, 4000, 1, 255, 256, 16 * 37, 8, 9]])
+    widths = np.concatenate([rng.integers(1, 6000, 2900), [1, 4000, 8, 16, 9, 1, 1, 256, 255, 16 * 5, 8, 9]])
+    budgets = np.concatenate([rng.choice([1, 2, 3, 16, 37, 64, 100, 256, 729, 1024, 4096], 2900),
+                              [1, 256, 1, 4, 64, 37, 256, 256, 256, 37, 2, 2]])
+    for patch in (8, 16):
+        graph = tf.function(lambda h, w, b: naflex_serving.naflex_image_size(h, w, patch, b))
+        ours = graph(tf.constant(heights), tf.constant(widths), tf.constant(budgets)).numpy()
+        expected = np.array([naflex.naflex_image_size(int(h), int(w), patch, int(b))
+                             for h, w, b in zip(heights, widths, budgets)])
+        mismatched = np.flatnonzero((ours != expected).any(axis=1))
+        assert mismatched.size == 0, [(heights[i], widths[i], budgets[i], ours[i], expected[i])
+                                      for i in mismatched[:5]]
+        assert ((expected[:, 0] // patch) * (expected[:, 1] // patch) <= budgets).all()
+
+
+@pytest.mark.parametrize("budget", NAFLEX_BUDGETS)
+def test_in_graph_pixels_are_pils_within_one_level(reference, budget):
+    """Decoded, resized (aspect ratio kept) and patchified in the graph: the grids and masks of transformers'
+    processor exactly, its PIL pixels within one level."""
+    inputs = tf.function(lambda data: naflex_serving.decode(data, PATCH, budget))(request(*range(5))["image_bytes"])
+    for index in range(len(NAFLEX_SHAPES)):
+        suffix = f"_{index}_{budget}"
+        np.testing.assert_array_equal(inputs["spatial_shapes"][index], reference["spatial_shapes" + suffix])
+        np.testing.assert_array_equal(inputs["patch_mask"][index], reference["pixel_attention_mask" + suffix])
+        difference = np.abs(inputs["patches"][index].numpy() - reference["raw" + suffix])
+        assert difference.max() <= 1.0, suffix
+
+
+@pytest.mark.parametrize("budget", NAFLEX_BUDGETS)
+def test_served_embedding_matches_transformers_from_jpeg_bytes(served, reference, budget):
+    """Each picture alone through `embed` and `serving_default`: 1 - cos against transformers' `pooler_output` (of
+    PIL's pixels) within 1e-6 (measured: 8.7e-8 at worst), the image's tokens (`last_hidden_state`) within 1e-5
+    (3.8e-6), the `features` grids the processor's. The issue asks 1e-4, but this random tower's embedding moves
+    little with its input: another picture's is 1e-4 to 1.6e-3 away, a squashed one's (aspect ratio not kept)
+    2e-6 to 1.1e-4."""
+    server, _ = served[budget]
+    for index in range(len(NAFLEX_SHAPES)):
+        expected = reference[f"pooler_output_{index}_{budget}"]
+        for name in ("embed", "serving_default"):
+            embedding = server.predict(name, request(index))["embedding"]
+            assert embedding.shape == (1, expected.shape[-1])
+            assert one_minus_cos(embedding[0], expected) <= 1e-6, (name, index)
+        grids = server.predict("features", request(index))
+        valid = int(reference[f"pixel_attention_mask_{index}_{budget}"].sum())
+        tokens = reference[f"last_hidden_state_{index}_{budget}"][:valid]
+        assert one_minus_cos(grids["tokens"][0, :valid], tokens) <= 1e-5, index
+        np.testing.assert_array_equal(grids["spatial_shapes"][0], reference[f"spatial_shapes_{index}_{budget}"])
+        np.testing.assert_array_equal(grids["patch_mask"][0], reference[f"pixel_attention_mask_{index}_{budget}"])
+        assert grids["tokens"].shape == (1, budget, expected.shape[-1])
+    if budget == 37:  # exported with --l2-normalize
+        np.testing.assert_allclose(np.linalg.norm(server.predict("embed", request(0, 3))["embedding"], axis=1), 1.0,
+                                   atol=1e-6)
+
+
+def test_a_batch_of_all_five_equals_each_alone(served):
+    """Five aspect ratios in one request: each embedding and each image's tokens as that image alone."""
+    server, _ = served[64]
+    together = server.predict("embed", request(*range(5)))["embedding"]
+    tokens = server.predict("features", request(*range(5)))
+    for index in range(len(NAFLEX_SHAPES)):
+        assert one_minus_cos(together[index], server.predict("embed", request(index))["embedding"][0]) <= 1e-6
+        alone = server.predict("features", request(index))
+        valid = int(alone["patch_mask"].sum())
+        assert one_minus_cos(tokens["tokens"][index, :valid], alone["tokens"][0, :valid]) <= 1e-6
+
+
+def test_bad_requests_fail_as_on_serving_bytes(served):
+    """Not an image, empty, a header claiming too many pixels, too many images: serving_bytes' errors, on every
+    signature."""
+    server, _ = served[64]
+    unsupported = r"Unsupported or corrupt image \(\d+ bytes\)"
+    over = r"30000x30000 pixels \(900000000 pixels\) is over the limit of max_pixels=40000000"
+    cases = [([b"definitely not an image"], unsupported), ([b""], r"Empty image: 0 bytes"),
+             ([odd.jpeg_claiming(30_000, 30_000)], over),
+             ([jpeg(0)] * (MAX_BATCH + 1), rf"Request of {MAX_BATCH + 1} images is over the limit of "
+                                           rf"max_batch={MAX_BATCH}")]
+    for name in naflex_serving.signature_names(["features"]):
+        for data, pattern in cases:
+            with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
+                server.predict(name, {"image_bytes": np.array(data, dtype=object)})
+
+
+def test_metadata_records_the_budget_and_signatures(served):
+    for budget in NAFLEX_BUDGETS:
+        metadata = saved_model.read_metadata(served[budget][1])
+        assert (metadata["model"], metadata["max_num_patches"], metadata["patch_size"]) == ("naflex", budget, PATCH)
+        assert (metadata["max_pixels"], metadata["max_batch"]) == (40_000_000, MAX_BATCH)
+        assert metadata["signatures"] == ["serving_default", "serving_bytes", "embed", "features"]
+        assert metadata["l2_normalize"] == (budget == 37)
+        assert (served[budget][1] / saved_model.WARMUP_FILE).is_file()
+
+
+def test_flags_of_image_models_are_refused_by_name(tmp_path, capsys):
+    """Each writes nothing; --max-num-patches is refused for an image model."""
+    for flags, flag in ((["--image-size", "64"], "--image-size"), (["--pooling", "avg"], "--pooling"),
+                        (["--signatures", "explain"], "--signatures explain"), (["--top-k", "3"], "--top-k"),
+                        (["--format", "onnx"], "--format onnx"), (["--any-size"], "--any-size")):
+        with pytest.raises(SystemExit) as stopped:
+            export_cli.main(["--weights", CASE, "--out", str(tmp_path / "x"), *flags])
+        assert stopped.value.code == 2
+        assert f"{flag} does not apply to SigLIP 2 NaFlex weights" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        export_cli.main(["--weights", os.path.join(FOLDER, "hf_siglip_256"), "--out", str(tmp_path / "x"),
+                         "--max-num-patches", "64"])
+    assert "--max-num-patches is the patch budget of SigLIP 2 NaFlex weights" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="`max_num_patches` must be a positive int"):
+        naflex_serving.naflex_archive(naflex.NaFlexViT(weights=CASE), 0)
