@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 from typing import Any, Iterable
 
@@ -25,19 +26,23 @@ class Config:
 
     recipe: str = "pretrain"  # "pretrain" (keeps the builder's head), "finetune" (new zero-init head) or
     # "masked_patches" (self-supervised masked patch prediction on the images; labels ignored).
-    # Model: a variant ("B/16", "R50+B/16", ...) or, with variant "", the explicit architecture below.
+    # Model: a variant ("B/16", "R50+B/16", ...) or, with variant "", the explicit architecture below. With
+    # `weights` a file that states its architecture (`states_architecture`), the model is the file's: `apply_overrides`
+    # clears these six fields and `classifier` (`FROM_FILE`: variant "", the others 0, "the file's") but those it
+    # is given, which the builder checks against the file (a contradiction is an error naming the field).
     variant: str = "B/16"
     patch_size: int = 16
     hidden_dim: int = 768
     mlp_dim: int = 3072
     num_heads: int = 12
     num_layers: int = 12
-    classifier: str = "token"  # "token", "gap" or "map" (attention pooling).
+    classifier: str = "token"  # "token", "gap" or "map" (attention pooling); "": the weights file's.
     representation_size: int = 768  # Pre-logits Dense + tanh width; 0 for none.
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.0
     drop_path_rate: float = 0.0
-    weights: str = ""  # Passed to the builder as `weights=`: "" for None, a `.npz`/`.weights.h5` path or name.
+    weights: str = ""  # Passed to the builder as `weights=`: "" for None, a `.npz` / `.safetensors` / `.weights.h5`
+    # path, a `save_pretrained` folder (transformers, timm), an `hf://` name or a registered name.
     image_size: int = 224
     # Data: "digits" (embedded), "folder" (`data_dir/<split>/<class>/*.jpg`) or a TFDS name.
     dataset: str = "imagenet2012"
@@ -94,8 +99,8 @@ class Config:
 
 # The range of each numeric field of `Config`: (lowest, highest) allowed, None for no upper bound.
 RANGES: dict[str, tuple[float, float | None]] = {
-    **dict.fromkeys(["patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers", "image_size",
-                     "max_image_pixels", "grad_accum_steps", "batch_size"], (1, None)),
+    **dict.fromkeys(["image_size", "max_image_pixels", "grad_accum_steps", "batch_size"], (1, None)),
+    **dict.fromkeys(["patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers"], (0, None)),  # 0: the file's
     **dict.fromkeys(["representation_size", "shuffle_buffer", "warmup_steps", "epochs", "steps_per_epoch",
                      "total_steps", "backup_every_steps", "seed", "lr", "weight_decay", "global_clipnorm",
                      "mixup_alpha"], (0, None)),
@@ -172,8 +177,24 @@ def _parse(field: dataclasses.Field, text: str) -> Any:
         raise ValueError(f"Override {field.name}={text!r}: expected {article} {kind.__name__}.") from None
 
 
+# The architecture fields (and the classifier, which the file's pooling gives) and their "not given: the weights
+# file's" values.
+FROM_FILE = {"variant": "", "patch_size": 0, "hidden_dim": 0, "mlp_dim": 0, "num_heads": 0, "num_layers": 0,
+             "classifier": ""}
+
+
+def states_architecture(weights: str) -> bool:
+    """Whether `weights` names a file the builder reads the architecture from: an existing `.npz` or `.safetensors`
+    file, a `save_pretrained` folder, or an `hf://` name (not a `.weights.h5` file, which states none, nor a
+    registered name, which needs its variant)."""
+    return bool(weights) and not weights.endswith(".h5") and (weights.startswith("hf://") or os.path.exists(weights))
+
+
 def apply_overrides(config: Config, overrides: Iterable[str]) -> Config:
-    """Returns `config` with each `"key=value"` applied, values parsed to the field's type."""
+    """Returns `config` with each `"key=value"` applied, values parsed to the field's type. Where the result's
+    `weights` states its architecture (`states_architecture`), the architecture fields not overridden here are
+    cleared (`FROM_FILE`): the file's architecture wins over the recipe's, and an overridden one that contradicts it
+    is the builder's error."""
     fields = {field.name: field for field in dataclasses.fields(Config)}
     changes = {}
     for item in overrides:
@@ -183,4 +204,7 @@ def apply_overrides(config: Config, overrides: Iterable[str]) -> Config:
         if key not in fields:
             raise ValueError(f"Unknown config field {key!r} in override {item!r}. Expected one of {sorted(fields)}.")
         changes[key] = _parse(fields[key], value)
-    return dataclasses.replace(config, **changes)
+    config = dataclasses.replace(config, **changes)
+    if states_architecture(config.weights):
+        config = dataclasses.replace(config, **{key: value for key, value in FROM_FILE.items() if key not in changes})
+    return config

@@ -16,7 +16,9 @@ import keras
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import variants
+from keras_vit import models, variants
+from keras_vit.checkpoints import loader as checkpoint_loader
+from . import configs
 from .configs import Config
 
 
@@ -52,26 +54,51 @@ class Recipe:
 
 def pooling(config: Config) -> str:
     """The `pooling` of a backbone without head: the class token, the attention pooling of `classifier="map"`,
-    or the average for `classifier="gap"`."""
+    or the average for `classifier="gap"`; with classifier "", the weights file's (`configs.FROM_FILE`)."""
+    if not config.classifier:
+        file = checkpoint_loader.local_file(config.weights) if configs.states_architecture(config.weights) else None
+        if file is None:
+            raise ValueError(f"classifier='' takes the pooling of the weights file, but weights={config.weights!r} is "
+                             "not a file that states one. Give classifier='token', 'gap' or 'map'.")
+        return file.pooling
     return {"token": "token", "map": "map"}.get(config.classifier, "avg")
 
 
 def _explicit_architecture(config: Config) -> dict:
-    return dict(patch_size=config.patch_size, hidden_dim=config.hidden_dim, mlp_dim=config.mlp_dim,
-                num_heads=config.num_heads, num_layers=config.num_layers)
+    """The explicit architecture fields given (not 0, which takes the weights file's: `configs.FROM_FILE`).
+
+    Raises:
+        ValueError: with variant "", a field 0 where `weights` is not a file that states its architecture.
+    """
+    given = dict(patch_size=config.patch_size, hidden_dim=config.hidden_dim, mlp_dim=config.mlp_dim,
+                 num_heads=config.num_heads, num_layers=config.num_layers)
+    missing = [name for name, value in given.items() if not value]
+    if missing and not config.variant and not configs.states_architecture(config.weights):
+        raise ValueError(f"{missing[0]}=0 takes the architecture of the weights file, but weights={config.weights!r} "
+                         "is not a file that states one (an .npz or .safetensors file, a save_pretrained folder or "
+                         "an hf:// name). Give variant= or the architecture fields (patch_size, hidden_dim, mlp_dim, "
+                         "num_heads, num_layers).")
+    return {name: value for name, value in given.items() if value}
 
 
-def architecture(config: Config) -> dict:
-    """The config's ViT architecture (`num_heads`, `mlp_dim`, ...): its variant's, or its explicit fields."""
-    return variants.decode_variant(config.variant) if config.variant else _explicit_architecture(config)
+def architecture(config: Config) -> dict | variants.ViTConfig:
+    """The config's ViT architecture (`num_heads`, `mlp_dim`, ...): its variant's, its explicit fields, or (fields
+    0) the weights file's with the fields given."""
+    if config.variant:
+        return variants.decode_variant(config.variant)
+    explicit = _explicit_architecture(config)
+    if len(explicit) == len(variants.ARCHITECTURE):
+        return explicit
+    return models.model_config(None, checkpoint_loader.local_file(config.weights), **explicit)
 
 
 def build_backbone(config: Config, **options) -> keras.Model:
-    """The config's ViT: its variant (or, with variant "", its explicit architecture), input size,
-    classifier, dropouts and `weights=config.weights`, built with the recipe's `options`."""
+    """The config's ViT: its variant (or, with variant "", its explicit architecture; with `weights` a file that
+    states its architecture, the file's with the fields given: `configs.apply_overrides`), input size, classifier,
+    dropouts and `weights=config.weights`, built with the recipe's `options`."""
     explicit = {} if config.variant else _explicit_architecture(config)
     return keras_vit.VisionTransformer(
         config.variant or None, weights=config.weights or None, input_shape=(config.image_size, config.image_size, 3),
-        classifier=config.classifier, dropout_rate=config.dropout_rate,
+        classifier=config.classifier or None, dropout_rate=config.dropout_rate,
         attention_dropout_rate=config.attention_dropout_rate, drop_path_rate=config.drop_path_rate,
         **explicit, **options)

@@ -20,7 +20,7 @@ import keras_vit
 from keras_vit import model_files
 from keras_vit.features import features_model
 from keras_vit.checkpoints.reader import read_checkpoint
-from tests.data.make_family_files import FOLDER, NAFLEX_PREFIX, PHOTO, random_inputs
+from tests.data.make_family_files import FOLDER, NAFLEX_PREFIX, PHOTO, PHOTOS, random_inputs
 
 # The image-model families (SigLIP 2 NaFlex, whose model takes patch sequences: tests/checkpoints/test_naflex.py).
 CASES = sorted(name for name in os.listdir(FOLDER) if os.path.isdir(os.path.join(FOLDER, name))
@@ -103,7 +103,10 @@ def test_position_table_resized_as_the_model_class_does(name):
 @pytest.mark.parametrize("name", CASES)
 def test_exports_are_at_the_files_size_and_serve_its_transform(tmp_path, name):
     """keras-vit-export and keras-vit-tflite with `--weights` alone: the SavedModel serves the JPEG as the source
-    library's processor and model compute it; the LiteRT file takes the file's size."""
+    library's processor and model compute it; the LiteRT file takes the file's size. DINOv3 and EVA-02 (a reference
+    with `embedding_<i>`) are exported with `--signatures embed` too, whose embedding of the photographs of four
+    aspect ratios (`PHOTOS`, one request through TF1's loader) is the source library's pooled embedding after its
+    processor."""
     from ai_edge_litert.interpreter import Interpreter
 
     from keras_vit.cli import export as export_cli
@@ -112,13 +115,25 @@ def test_exports_are_at_the_files_size_and_serve_its_transform(tmp_path, name):
     from tests.testing import TF1Server
 
     folder, meta, reference = case(name)
-    assert export_cli.main(["--weights", folder, "--out", str(tmp_path / "served"), "--version", "1"]) == 0
+    embeds = "embedding_0" in reference
+    assert export_cli.main(["--weights", folder, "--out", str(tmp_path / "served"), "--version", "1",
+                            *(["--signatures", "embed"] if embeds else [])]) == 0
     path = tmp_path / "served" / "1"
     assert saved_model.read_metadata(path)["image_size"] == meta["native_size"]
+    server = TF1Server(path)
     with open(PHOTO, "rb") as file:
-        served = TF1Server(path).predict("serving_bytes", {"image_bytes": np.array([file.read()])})
+        served = server.predict("serving_bytes", {"image_bytes": np.array([file.read()])})
     assert_agrees(served.get("logits", served.get("embedding")), reference["output"], f"{name} served",
                   resized_here=True)
+    if embeds:
+        assert sum(key.startswith("embedding_") for key in reference) == len(PHOTOS)
+        photographs = [open(photo, "rb").read() for photo in PHOTOS]
+        embeddings = server.predict("embed", {"image_bytes": np.array(photographs)})["embedding"]
+        distances = [agreement(ours, reference[f"embedding_{index}"])[0] for index, ours in enumerate(embeddings)]
+        print(f"\n{name}: served embed, 1 - cos per photo {['%.1e' % distance for distance in distances]}")
+        for index, ours in enumerate(embeddings):
+            assert_agrees(ours, reference[f"embedding_{index}"], f"{name} embed of {os.path.basename(PHOTOS[index])}",
+                          resized_here=True)
 
     photos = tmp_path / "photos"  # the user's own images, as --images takes them
     photos.mkdir()

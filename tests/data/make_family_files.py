@@ -17,7 +17,9 @@ torchvision installs beside that torch), Pillow 12. sizes.json holds transformer
 - `size_<i>`, `outputs_<i>`, `patch_tokens_<i>`: two other input sizes (DINOv3: three, 224x224, 256x192 and
   320x320), and the model's outputs and its patch tokens after the final norm on `random_inputs(name, i)` at them
   (transformers: `interpolate_pos_encoding=True`; timm: `dynamic_img_size=True`; DINOv3 has no table: its rotary
-  positions come from each grid), which show how each model class resizes its position table.
+  positions come from each grid), which show how each model class resizes its position table;
+- DINOv3 and EVA-02 folders: `embedding_<i>`, the pooled embedding (a head's input) of each of `PHOTOS` (photo.jpg
+  and `EXTRA_PHOTOS`, other aspect ratios) through the processor, for the served `embed` signature's check.
 transformers' slow (PIL) processors compute `pixels`; DINOv3's (`DINOv3ViTImageProcessorFast`, which needs
 torchvision) is computed by its arithmetic (`dinov3_processor`); timm's evaluation transform (`resolve_data_config` +
 `create_transform`, which needs torchvision) is computed here by its documented arithmetic: PIL resize of the
@@ -55,6 +57,24 @@ def photo() -> Image.Image:
     return Image.open(PHOTO).convert("RGB")
 
 
+# The served-embedding check's other photographs (file name, height, width): portrait, wide and near-square.
+EXTRA_PHOTOS = (("photo_portrait.jpg", 500, 300), ("photo_wide.jpg", 200, 640), ("photo_square.jpg", 333, 345))
+PHOTOS = (PHOTO, *(os.path.join(FOLDER, name) for name, _, _ in EXTRA_PHOTOS))  # embedding_<i> of reference.npz
+
+
+def photographs() -> list[Image.Image]:
+    """`photo()` and the `EXTRA_PHOTOS`, smooth pictures of other aspect ratios, each saved as a JPEG and read back
+    (the order of `PHOTOS`)."""
+    images = [photo()]
+    for index, (name, height, width) in enumerate(EXTRA_PHOTOS, start=1):
+        y, x = np.mgrid[0:height, 0:width] / (max(height, width) / 5.0)
+        image = np.stack([128 + 90 * np.sin(x - y + index), 128 + 90 * np.cos(1.1 * x + y),
+                          128 + 80 * np.sin(1.7 * y + 0.6 * x)], -1)
+        Image.fromarray(image.round().astype(np.uint8)).save(os.path.join(FOLDER, name), quality=92)
+        images.append(Image.open(os.path.join(FOLDER, name)).convert("RGB"))
+    return images
+
+
 def loud_table(parameter) -> None:
     """A position table as large as the patch embeddings' outputs (initializers make it ~50x smaller), so that the
     outputs at other sizes show how it was resized: one class's rule against another's moves them by ~1e-3, not
@@ -77,8 +97,9 @@ def random_inputs(name: str, index: int, size) -> np.ndarray:
 
 def save_reference(folder: str, pixels: np.ndarray, pixel_values: np.ndarray, output: np.ndarray,
                    extra: list[tuple[tuple[int, int], np.ndarray, np.ndarray]], meta: dict,
-                   float_pixels: bool = False) -> None:
-    """`float_pixels`: the processor resizes in float (DINOv3's), else in uint8 (PIL's)."""
+                   float_pixels: bool = False, embeddings: list[np.ndarray] = ()) -> None:
+    """`float_pixels`: the processor resizes in float (DINOv3's), else in uint8 (PIL's). `embeddings`: the pooled
+    embedding (a head's input) of each of `PHOTOS` through the processor, stored as `embedding_<i>`."""
     assert (float_pixels or np.array_equal(pixels, pixels.round())) and pixels.min() >= 0 and pixels.max() <= 255
     normalized = (pixels / np.float32(255) - np.float32(MEAN)) / np.float32(STD)
     assert np.abs(normalized - pixel_values).max() < 1e-5  # the processor's normalization, as the tests redo it
@@ -86,6 +107,7 @@ def save_reference(folder: str, pixels: np.ndarray, pixel_values: np.ndarray, ou
     for i, (size, outputs, patch_tokens) in enumerate(extra):
         arrays.update({f"size_{i}": np.asarray(size), f"outputs_{i}": outputs.astype(np.float32),
                        f"patch_tokens_{i}": patch_tokens.astype(np.float32)})
+    arrays.update({f"embedding_{i}": embedding.astype(np.float32) for i, embedding in enumerate(embeddings)})
     np.savez_compressed(os.path.join(folder, "reference.npz"), **arrays)
     with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as file:
         json.dump(meta, file, indent=1, sort_keys=True)
@@ -210,13 +232,13 @@ def dinov3_processor(image: Image.Image, config: dict) -> tuple[np.ndarray, np.n
     return nhwc(x * 255), nhwc(values)
 
 
-def dinov3_case(name: str, image: Image.Image, model_config: dict, processor_config: dict) -> None:
+def dinov3_case(name: str, photos: list[Image.Image], model_config: dict, processor_config: dict) -> None:
     """A random `DINOv3ViTModel` (every parameter drawn anew, biases and layer scales included) saved with
     `save_pretrained`, its processor's preprocessor_config.json as `save_pretrained` writes it (the processor itself
-    needs torchvision), its pooled output on the photo, and its outputs and patch tokens at 224x224, 256x192 and
-    320x320. The scales make the attention, hence the rotary positions, move the outputs: a small patch embedding,
-    layer scales around 1, sharp attention (`rope_theta` 100 instead of 75 moves the patch tokens by ~1e-3 of their
-    largest value; at one scale for all, by ~2e-5)."""
+    needs torchvision), its pooled output on the photo (and on each of `photos`, the photo first), and its outputs
+    and patch tokens at 224x224, 256x192 and 320x320. The scales make the attention, hence the rotary positions,
+    move the outputs: a small patch embedding, layer scales around 1, sharp attention (`rope_theta` 100 instead of
+    75 moves the patch tokens by ~1e-3 of their largest value; at one scale for all, by ~2e-5)."""
     import torch
     from transformers import DINOv3ViTConfig, DINOv3ViTModel
 
@@ -238,7 +260,7 @@ def dinov3_case(name: str, image: Image.Image, model_config: dict, processor_con
                             image_std=STD, default_to_square=True, data_format="channels_first")
     with open(os.path.join(folder, "preprocessor_config.json"), "w", encoding="utf-8") as file:
         json.dump(processor_config, file, indent=2, sort_keys=True)
-    pixels, values = dinov3_processor(image, processor_config)
+    pixels, values = dinov3_processor(photos[0], processor_config)
     prefix = 1 + model.config.num_register_tokens
 
     def run(inputs):
@@ -251,19 +273,20 @@ def dinov3_case(name: str, image: Image.Image, model_config: dict, processor_con
     crop = processor_config["crop_size"]
     save_reference(folder, pixels, values, run(values)[0], extra,
                    dict(source="transformers", output="pooler_output", family="dinov3",
-                        native_size=[crop["height"], crop["width"]]), float_pixels=True)
+                        native_size=[crop["height"], crop["width"]]), float_pixels=True,
+                   embeddings=[run(dinov3_processor(image, processor_config)[1])[0] for image in photos])
 
 
-def dinov3_cases(image: Image.Image) -> None:
+def dinov3_cases(photos: list[Image.Image]) -> None:
     tiny = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, patch_size=16, num_register_tokens=4,
                 layerscale_value=0.5, image_size=112)
     # Squash to 128, crop 112 (DINOv2's proportion): a small native size, as its float pixels are stored.
     processor = dict(size={"height": 128, "width": 128}, do_center_crop=True, crop_size={"height": 112, "width": 112},
                      resample=2)
     # ViT-S/B/L form: plain MLP, exact GELU, no key bias.
-    dinov3_case("hf_dinov3_112", image, dict(tiny, intermediate_size=64, hidden_act="gelu"), processor)
+    dinov3_case("hf_dinov3_112", photos, dict(tiny, intermediate_size=64, hidden_act="gelu"), processor)
     # H+ / 7B form: SwiGLU (gated SiLU) MLP; another rope_theta.
-    dinov3_case("hf_dinov3_swiglu_112", image, dict(tiny, intermediate_size=48, hidden_act="silu",
+    dinov3_case("hf_dinov3_swiglu_112", photos, dict(tiny, intermediate_size=48, hidden_act="silu",
                                                     use_gated_mlp=True, rope_theta=75.0), processor)
 
 
@@ -416,11 +439,12 @@ def timm_cases(image: Image.Image) -> None:
               [(336, 240), (480, 480)], dict(family="siglip"))
 
 
-def timm_eva_case(name: str, timm, image: Image.Image, architecture: str, model_args: dict, size: int,
+def timm_eva_case(name: str, timm, photos: list[Image.Image], architecture: str, model_args: dict, size: int,
                   crop_pct: float, sizes, family: str) -> None:
     """A random timm `Eva` (DINOv3 or EVA-02: `architecture` with small `model_args`) saved with `save_for_hf`,
     every parameter drawn anew at dinov3_case's scales (EVA-02's position table made loud), its output (its head, or
-    its `global_pool`) on the photo through timm's transform, and its outputs and patch tokens at `sizes`."""
+    its `global_pool`) on the photo through timm's transform, its pooled embedding (`forward_head(pre_logits=True)`)
+    on each of `photos` (the photo first), and its outputs and patch tokens at `sizes`."""
     import torch
     from timm.models._hub import save_for_hf
 
@@ -441,18 +465,23 @@ def timm_eva_case(name: str, timm, image: Image.Image, architecture: str, model_
     model.pretrained_cfg = dict(model.pretrained_cfg, mean=tuple(MEAN), std=tuple(STD), crop_pct=crop_pct,
                                 interpolation="bilinear", input_size=(3, size, size))
     save_for_hf(model, folder, safe_serialization=True)
-    # The entry point's own crop mode (EVA-02 at 448: "squash").
-    pixels = timm_transform(image, size, crop_pct, Image.BILINEAR, model.pretrained_cfg.get("crop_mode", "center"))
-    values = (pixels / 255 - np.asarray(MEAN, np.float32)) / np.asarray(STD, np.float32)
 
-    def run(inputs):
+    def normalized(image: Image.Image) -> tuple[np.ndarray, np.ndarray]:
+        """timm's transform, with the entry point's own crop mode (EVA-02 at 448: "squash"), and normalization."""
+        pixels = timm_transform(image, size, crop_pct, Image.BILINEAR, model.pretrained_cfg.get("crop_mode", "center"))
+        return pixels, (pixels / 255 - np.asarray(MEAN, np.float32)) / np.asarray(STD, np.float32)
+
+    def run(inputs, pre_logits=False):
         with torch.no_grad():
             tokens = model.forward_features(torch.from_numpy(inputs.transpose(0, 3, 1, 2).copy()))
-            return model.forward_head(tokens).numpy(), tokens[:, model.num_prefix_tokens:].numpy()
+            pooled = model.forward_head(tokens, pre_logits=pre_logits)
+            return pooled.numpy(), tokens[:, model.num_prefix_tokens:].numpy()
 
+    pixels, values = normalized(photos[0])
     extra = [(size, *run(random_inputs(name, index, size))) for index, size in enumerate(sizes)]
     save_reference(folder, pixels, values, run(values)[0], extra,
-                   dict(source="timm", family=family, native_size=[size, size]))
+                   dict(source="timm", family=family, native_size=[size, size]),
+                   embeddings=[run(normalized(image)[1], pre_logits=True)[0] for image in photos])
 
 
 def timm_eva_cases() -> None:
@@ -460,22 +489,22 @@ def timm_eva_cases() -> None:
 
     timm, _ = import_timm()
     tiny = dict(embed_dim=32, depth=2, num_heads=2)
-    image, dinov3_sizes = photo(), [(224, 224), (256, 192), (320, 320)]
+    photos, dinov3_sizes = photographs(), [(224, 224), (256, 192), (320, 320)]
     # DINOv3 S/B/L form: plain MLP (exact GELU), no query/key/value bias; timm's default pooling, the patch tokens'
     # mean.
-    timm_eva_case("timm_dinov3_112", timm, image, "vit_small_patch16_dinov3", dict(tiny, mlp_ratio=2.0, num_classes=0),
+    timm_eva_case("timm_dinov3_112", timm, photos, "vit_small_patch16_dinov3", dict(tiny, mlp_ratio=2.0, num_classes=0),
                   112, 0.875, dinov3_sizes, "dinov3")
     # DINOv3 H+ form: SwiGLU MLP (SiLU), query and value biases, another base period, pooled by the class token.
-    timm_eva_case("timm_dinov3_swiglu_128", timm, image, "vit_huge_plus_patch16_dinov3",
+    timm_eva_case("timm_dinov3_swiglu_128", timm, photos, "vit_huge_plus_patch16_dinov3",
                   dict(tiny, mlp_ratio=1.5, qkv_bias=True, rope_temperature=75.0, global_pool="token",
                        num_classes=0), 128, 1.0, dinov3_sizes, "dinov3")
     # EVA-02 Ti / S form: packed SwiGLU MLP, fused query/key/value with query and value biases, positions in patches
     # of the 16 x 16 grid at an 8 x 8 one; a head on the patch tokens' mean after fc_norm.
-    timm_eva_case("timm_eva02_112", timm, image, "eva02_tiny_patch14_224",
+    timm_eva_case("timm_eva02_112", timm, photos, "eva02_tiny_patch14_224",
                   dict(tiny, num_classes=5, dynamic_img_size=True), 112, 0.9, [(126, 98), (168, 168)], "eva02")
     # EVA-02 B / L form: separate query/key/value (no key bias), split SwiGLU MLP with its hidden-layer norm; the
     # tower (no head): the patch tokens' mean after fc_norm. Its entry point's transform squashes (crop_mode).
-    timm_eva_case("timm_eva02_mlp_norm_126", timm, image, "eva02_base_patch14_448",
+    timm_eva_case("timm_eva02_mlp_norm_126", timm, photos, "eva02_base_patch14_448",
                   dict(tiny, num_classes=0, dynamic_img_size=True), 126, 1.0, [(140, 98), (182, 182)], "eva02")
 
 
@@ -502,16 +531,21 @@ def transformers_resize_sizes() -> None:
 
 
 def main() -> None:
-    """Every family's files; `python -m tests.data.make_family_files siglip2_naflex` makes that folder alone."""
+    """Every family's files; `python -m tests.data.make_family_files siglip2_naflex` (or `dinov3`, transformers'
+    DINOv3 folders; `timm_eva`, timm's DINOv3 and EVA-02 folders) makes those alone."""
     if sys.argv[1:] == ["timm_eva"]:
         timm_eva_cases()
+        return
+    if sys.argv[1:] == ["dinov3"]:
+        dinov3_cases(photographs())
         return
     if sys.argv[1:] == ["siglip2_naflex"]:
         siglip2_naflex_case()
         return
-    image = photo()
+    photos = photographs()
+    image = photos[0]
     transformers_cases(image)
-    dinov3_cases(image)
+    dinov3_cases(photos)
     timm_cases(image)
     timm_eva_cases()
     siglip2_naflex_case()

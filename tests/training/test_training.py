@@ -59,6 +59,29 @@ def test_overrides_parse_types_and_reject_unknown_fields():
         configs.get_config("imagenet")
 
 
+def test_weights_that_state_their_architecture_replace_the_recipes():
+    """`weights=` a file that states its architecture clears the recipe's architecture fields and classifier (the
+    file's, with those overridden beside it); a `.weights.h5` file or a registered name keeps them; a field left 0
+    without such a file is refused by name."""
+    from keras_vit.training import recipe
+    from tests.data.make_family_files import FOLDER
+
+    folder = os.path.join(FOLDER, "timm_dinov3_112")
+    config = configs.apply_overrides(configs.get_config("finetune"), [f"weights={folder}", "num_heads=2"])
+    assert (config.variant, config.patch_size, config.hidden_dim, config.num_heads, config.classifier) == (
+        "", 0, 0, 2, "")
+    assert recipe.pooling(config) == "avg"  # timm's DINOv3 default: the patch tokens' mean
+    assert (recipe.architecture(config).patch_size, recipe.architecture(config).hidden_dim) == (16, 32)
+    for weights in ("/x/encoder.weights.h5", "imagenet21k"):
+        kept = configs.apply_overrides(configs.get_config("finetune"), [f"weights={weights}"])
+        assert (kept.variant, kept.patch_size, kept.classifier) == ("B/16", 16, "token")
+    with pytest.raises(ValueError, match=r"^patch_size=0 takes the architecture of the weights file, but "
+                                         r"weights='' is not a file that states one"):
+        recipe.build_backbone(configs.apply_overrides(configs.get_config("digits"), ["patch_size=0"]))
+    with pytest.raises(ValueError, match=r"^classifier='' takes the pooling of the weights file, but weights='w.h5'"):
+        recipe.pooling(configs.apply_overrides(configs.get_config("digits"), ["classifier=", "weights=w.h5"]))
+
+
 def test_configs_out_of_range_are_refused_naming_each_value():
     numeric = {field.name for field in dataclasses.fields(configs.Config) if field.type in ("int", "float")}
     assert set(configs.RANGES) == numeric  # Every number has its range.
