@@ -301,6 +301,15 @@ def test_paired_without_keras_hub_says_how_to_install_it(monkeypatch, capsys):
     assert "keras-hub is not installed: pip install keras-hub" in capsys.readouterr().err
 
 
+def test_dinov3_benchmark_without_keras_hub_says_how_to_install_it(monkeypatch, capsys):
+    from benchmarks import dinov3
+    monkeypatch.setitem(sys.modules, "keras_hub", None)  # `import keras_hub` raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        dinov3.main(["--batches", "1"])
+    assert exit_info.value.code == 2
+    assert "keras-hub is not installed: pip install keras-hub" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_paired_benchmark_times_keras_vit_and_the_peer_in_one_process(monkeypatch, capsys):
     """keras-hub's place is taken by a stand-in (keras-hub is not a dependency): the timing, the compiled
