@@ -113,12 +113,14 @@ def test_layer_and_keras_tool_tests_pass_on_backend(backend):
     """The layer tests, the head-rows twin of `predict` (`tests/models/test_head_rows.py`), and quantization and LoRA
     through Keras' tools (the trained digits int8 check, slow, runs on TensorFlow only: the quantized numerics of
     every projection are checked on each backend). Left to TensorFlow, for the suite's time (each model built on
-    JAX compiles its initializers): the layers' `built` flags (Python, the same on every backend) and the head
-    rows of the DeiT and register families (the same slicing as the class token's and the pooled case's, which
-    run here)."""
+    JAX compiles its initializers): the layers' `built` flags (Python, the same on every backend), the head-rows
+    model's outputs against the whole model's (its slicing is keras.ops, the same on every backend; `predict`
+    running the twin is checked here, and the logits of every family on JAX against TensorFlow's by
+    `test_backend_matches_tensorflow_and_trains`), and the ResNet bottleneck unit (the hybrid's logits, there)."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": xla_flags()}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-                           "-k", "not every_layer_of_a_built_model and not DeiT and not registers",
+                           "-k", "not every_layer_of_a_built_model and not head_rows_model_computes and not "
+                           "block_output_tokens and not bottleneck_unit",
                            "tests/layers/test_layers.py", "tests/models/test_vit_model.py",
                            "tests/models/test_head_rows.py"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

@@ -284,12 +284,12 @@ def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
 KILLABLE_RUN = [sys.executable, "-m", "tests.killable_run"]  # WORKDIR KILL_AT STRATEGY OVERRIDES...
 
 
-@pytest.mark.slow  # three 2-process runs (about 60 s)
+@pytest.mark.slow  # three 2-process runs (about 100 s)
 def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupted_run(tmp_path):
     """Process 1 SIGKILLs itself at step 20 (epoch 2 of 3); process 0 stops on its own instead of waiting forever.
-    The same commands again resume both from process 0's epoch-1 state and end as the run never killed, which runs
-    through the command line: it evaluates the 360 test digits exactly (global batches of 32: each process pads
-    its last one), and process 0 alone saves."""
+    The same commands again resume both from process 0's epoch-1 state (rerunning epoch 2 from its first batch) and
+    end with the weights and evaluation of the run never killed, which runs through the command line: it evaluates
+    the 360 test digits exactly (global batches of 32: each process pads its last one), and process 0 alone saves."""
     overrides = [*TINY, "train_split=train[:29%]", "batch_size=32", "steps_per_epoch=0", "epochs=3",
                  "shuffle_buffer=0", "inception_crop=false", "warmup_steps=5", "validate=true"]
     killed, port = tmp_path / "killed", free_ports(1)[0]
@@ -331,6 +331,10 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
         assert resumed[0][key] == resumed[1][key]
         assert abs(resumed[0][key] - straight[key]) <= 1e-6, (key, resumed[0][key], straight[key])
     assert not (killed / "backup").exists() or not os.listdir(killed / "backup")
+    weights = [keras.saving.load_model(path, compile=False).get_weights()
+               for path in (resumed[0]["model_path"], straight_dir / "model.keras")]
+    for got, want in zip(*weights):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     print(f"kill -9 of process 1: process 0 stopped {stopped_after:.1f} s later; resumed at iteration 13")
 
 

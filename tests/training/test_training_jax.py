@@ -1,4 +1,5 @@
-"""`training/` on JAX: keras.distribution sharding, crash-safe resume and the command line.
+"""`training/` on JAX: keras.distribution sharding and the command line (crash-safe resume on JAX: the killed
+process of tests/training/test_multihost.py).
 
 The test session runs on TensorFlow and Keras fixes its backend at import, so every JAX run is a
 subprocess with KERAS_BACKEND=jax and 4 CPU host devices (`tests.testing.xla_flags`).
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -193,41 +193,14 @@ def test_vit_layout_map_splits_heads_and_mlp_only():
 
 # === Crash-safe resume ===
 
-KILLABLE_RUN = [sys.executable, "-m", "tests.killable_run"]  # WORKDIR KILL_AT STRATEGY OVERRIDES...
-
-
-@pytest.mark.slow
-def test_killed_data_parallel_run_resumes_and_equals_an_uninterrupted_run(tmp_path):
-    """SIGKILLed at step 20 (epoch 2 of 3, batch 8 of 13), the run restarts from its epoch-1 backup and
-    reruns epoch 2 from its first batch. Each epoch is one pass over the same 416 digits in the same order
-    (no shuffle, no random crop), so it ends with the uninterrupted run's weights and evaluation."""
-    overrides = [*TINY, "train_split=train[:29%]", "batch_size=32", "steps_per_epoch=0", "epochs=3",
-                 "shuffle_buffer=0", "inception_crop=false", "warmup_steps=5"]
-    killed = tmp_path / "killed"
-    command = [*KILLABLE_RUN, str(killed), "20", "auto", *overrides]
-    first = subprocess.run(command, cwd=REPO, env=_jax_env(), capture_output=True, text=True, timeout=240)
-    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-    assert json.loads((killed / "backup" / "worker_0" / "training_metadata.json").read_text()) == {
-        "epoch": 1, "batch": 0}
-    resumed = _report(_run_jax(command, timeout=240).stdout)
-    straight = _report(_run_jax([*KILLABLE_RUN, str(tmp_path / "straight"), "-1", "auto", *overrides],
-                                timeout=240).stdout)
-    starts = [json.loads(line) for line in (killed / "train_log.jsonl").read_text().splitlines()]
-    assert starts == [{"initial_epoch": 0, "optimizer_iterations": 0}, {"initial_epoch": 1, "optimizer_iterations": 13}]
-    assert resumed["optimizer_iterations"] == straight["optimizer_iterations"] == 39
-    assert not (killed / "backup" / "worker_0").exists()  # Deleted once the run completes.
-    for key in ("loss", "top1", "top5"):
-        assert abs(resumed[key] - straight[key]) <= 1e-6, (key, resumed[key], straight[key])
-    for got, want in zip(_model_weights(resumed["model_path"]), _model_weights(straight["model_path"])):
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
-
-
 # === The command line ===
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags", [[], ["--model_parallel=2"]], ids=["data_parallel", "model_parallel"])
-def test_cli_on_jax_trains_evaluates_and_saves(tmp_path, flags):
+def test_cli_on_jax_trains_evaluates_and_saves(tmp_path):
+    """A 2x2 ModelParallel run of the command line (its DataParallel run is tests/training/test_multihost.py's, on 2
+    processes)."""
+    flags = ["--model_parallel=2"]
     command = [sys.executable, "-m", "keras_vit.cli.train", "--config=digits", f"--workdir={tmp_path}", "--verbose=0",
                *flags, *[f"--override={item}" for item in TINY]]
     result = _run_jax(command, timeout=240)

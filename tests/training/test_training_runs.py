@@ -192,7 +192,7 @@ def test_multiworker_worker_killed_mid_epoch_both_resume_from_backups(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_mid_training_resumes_and_finishes(tmp_path):
-    epochs, steps = 20, 4
+    epochs, steps = 8, 4  # Killed after its second epoch: 6 epochs of 4 steps left to end alive.
     command = _cli(tmp_path, f"epochs={epochs}", f"steps_per_epoch={steps}")
     history = tmp_path / "history.csv"
     process = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
