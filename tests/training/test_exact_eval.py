@@ -133,7 +133,7 @@ def digits_folder(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_top1_of_449_images_is_the_same_on_1_2_8_devices_of_tensorflow_and_2_8_of_two_jax_processes(digits_folder, tmp_path):
+def test_top1_of_449_images_is_the_same_on_1_2_8_devices_and_2_jax_processes(digits_folder, tmp_path):
     from keras_vit.training import configs, trainer
     from tests.testing import TRAIN_VIT_OVERRIDES
     overrides = [*TRAIN_VIT_OVERRIDES, "image_size=16"]
