@@ -121,3 +121,15 @@ def pixel_logits_model(model: keras.Model) -> keras.Model:
     """Raw [0, 255] pixels at the model's size -> logits, the last encoder block computing only the rows the
     head reads (`keras_vit.head_rows_model`)."""
     return with_pixel_input(head_rows_model(logits_model(model)), preprocessing_config(model))
+
+
+def export_archive(*models: keras.Model) -> keras.export.ExportArchive:
+    """A `keras.export.ExportArchive` that saves the models' variables (each once) as the SavedModel's `variables`,
+    `trainable_variables` and `non_trainable_variables`, as `archive.track(model)` does. Not `track`: it also walks
+    each Keras model for lookup tables (a ViT has none), tracing the whole model once more per model to do so (a tiny
+    classifier's export took 4.0 s with it, 2.5 s without, on the AVX2 EPYC)."""
+    archive = keras.export.ExportArchive()
+    for name in ("variables", "trainable_variables", "non_trainable_variables"):
+        unique = {id(variable): variable for model in models for variable in getattr(model, name)}
+        archive.add_variable_collection(name, list(unique.values()))
+    return archive

@@ -37,7 +37,7 @@ from keras_vit import image_io, kernels
 from keras_vit.atomic import DiskSpaceError, atomic_write, check_free_space, variables_bytes
 from keras_vit.layers.naflex import NaFlexPositionEmbedding
 
-from . import saved_model, serving
+from . import model_io, saved_model, serving
 
 SIGNATURES = ("embed", "features")  # what `signatures=` may ask for; embed is always served
 RESIZE = "bilinear, antialiased (tf.image.resize in float32, not rounded to uint8 as PIL's), aspect ratio kept"
@@ -160,8 +160,7 @@ def naflex_archive(model: keras.Model, max_num_patches: int, *, max_pixels: int 
             return {"tokens": model(inputs, training=False)["tokens"], "patch_mask": inputs["patch_mask"],
                     "spatial_shapes": inputs["spatial_shapes"]}
 
-    archive = keras.export.ExportArchive()
-    archive.track(model)
+    archive = model_io.export_archive(model)
     spec = [tf.TensorSpec((None,), tf.string, serving.BYTES_KEY)]
     for name in ("serving_default", serving.BYTES_SIGNATURE, "embed"):
         archive.add_endpoint(name, embed, input_signature=spec)

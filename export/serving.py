@@ -231,14 +231,13 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
                 return endpoint(inputs)
         return traced
 
-    archive = keras.export.ExportArchive()
-    archive.track(pixel_logits if has_head else pixel_embedding)
+    archive = model_io.export_archive(pixel_logits if has_head else pixel_embedding,
+                                      *(views[name] for name in signatures))
     archive.add_endpoint("serving_default", traced_for_the_server(serve_images),
                          input_signature=[tf.TensorSpec((None, None, None, 3), tf.float32, IMAGES_KEY)])
     bytes_spec = [tf.TensorSpec((None,), tf.string, BYTES_KEY)]
     archive.add_endpoint(BYTES_SIGNATURE, traced_for_the_server(serve_bytes), input_signature=bytes_spec)
     for name in signatures:
-        archive.track(views[name])
         finish = (lambda outputs: _explanation(outputs, has_head)) if name == "explain" else dict
         endpoint = _bytes_endpoint(views[name], finish, size, transform, max_pixels, max_batch, group)
         archive.add_endpoint(name, traced_for_the_server(endpoint), input_signature=bytes_spec)

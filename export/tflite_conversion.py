@@ -97,8 +97,7 @@ def conversion_source(model: keras.Model, pixel_input: bool = True, gpu_delegate
     # does from Keras 3.12, on every Keras release this package supports.
     with tempfile.TemporaryDirectory() as saved_model_dir:
         with scope.for_gpu_delegate() if gpu_delegate else contextlib.nullcontext():  # wherever TensorFlow traces
-            archive = keras.export.ExportArchive()
-            archive.track(pixel_model)
+            archive = model_io.export_archive(pixel_model)
             archive.add_endpoint("serve", functools.partial(pixel_model.__call__, training=False),
                                  input_signature=[tf.TensorSpec((1, height, width, 3), tf.float32, name="image")])
             archive.write_out(saved_model_dir, verbose=False)
