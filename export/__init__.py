@@ -27,6 +27,7 @@ def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os
                version: int | None = None, overwrite: bool = False, class_names: Sequence[str] | None = None,
                images: np.ndarray | None = None, dataset: str | os.PathLike = "digits",
                modes: Sequence[str] | None = None, max_top1_drop: float | None = None,
+               calibration_count: int = 200, evaluation_count: int = 400,
                serving_kernels: str = "onednn") -> dict[str, Any]:
     """Exports a classifier to `out_dir/saved_model/<version>/` and `out_dir/tflite/`.
 
@@ -34,8 +35,9 @@ def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os
         model_or_path: a keras_vit classifier or the path of a `.keras` file.
         out_dir: output directory.
         version, overwrite, class_names, serving_kernels: as `export_saved_model`.
-        images, dataset, modes, max_top1_drop: as `export_tflite` (real images for int8 calibration and checks;
-            the int8 modes' top-1 limit, `tflite.DEFAULT_MAX_TOP1_DROP` points when None).
+        images, dataset, modes, max_top1_drop, calibration_count, evaluation_count: as `export_tflite` (real
+            images for int8 calibration and checks; the int8 modes' top-1 limit, `tflite.DEFAULT_MAX_TOP1_DROP`
+            points when None; how many images calibrate and check).
 
     Returns:
         `{"saved_model": <version dir>, "tflite": <TFLite report dict>, "tflite_markdown": <its table>}`.
@@ -49,7 +51,8 @@ def export_all(model_or_path: keras.Model | str | os.PathLike, out_dir: str | os
                                            class_names=class_names, serving_kernels=serving_kernels)
     limit = tflite.DEFAULT_MAX_TOP1_DROP if max_top1_drop is None else max_top1_drop
     report = tflite.export_tflite(model, out / "tflite", images=images, dataset=dataset, modes=modes,
-                                  max_top1_drop=limit)
+                                  max_top1_drop=limit, calibration_count=calibration_count,
+                                  evaluation_count=evaluation_count)
     return {"saved_model": str(saved), "tflite": report, "tflite_markdown": tflite.markdown_report(report)}
 
 

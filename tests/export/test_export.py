@@ -127,6 +127,27 @@ def test_saved_model_holds_only_portable_ops(exported):
     assert not {t for t in op_types if t.startswith("_") or "Xla" in t}, op_types
 
 
+def test_saved_model_keeps_each_variable_once_without_walking_the_keras_model(tmp_path, monkeypatch):
+    """The SavedModel's `variables` lists hold the model's variables, each once though two views of it are served;
+    `ExportArchive.track` (which traces each Keras model once more, looking for lookup tables) is not called."""
+    def refuse(self, resource):
+        raise AssertionError("ExportArchive.track was called")
+
+    monkeypatch.setattr(keras.export.ExportArchive, "track", refuse)
+    model = tiny_model("plain")
+    path = saved_model.export_saved_model(model, tmp_path, signatures=("embed",))
+    loaded = tf.saved_model.load(str(path))
+    def names(variables) -> list[str]:
+        return sorted(variable.name.removesuffix(":0") for variable in variables)
+
+    assert names(loaded.variables) == sorted(variable.path for variable in model.variables)
+    assert len(loaded.trainable_variables) == len(model.trainable_variables)
+    assert len(loaded.non_trainable_variables) == len(model.non_trainable_variables)
+    own = {variable.path: keras.ops.convert_to_numpy(variable) for variable in model.variables}
+    for saved in loaded.variables:
+        np.testing.assert_array_equal(saved.numpy(), own[saved.name.removesuffix(":0")])
+
+
 def test_export_for_eigen_serves_the_same_outputs_through_six_gelu_ops(tmp_path, images):
     """`--serving-kernels eigen`: the tanh GELU as x sigmoid(2u) on every signature, outputs as Keras'."""
     from tensorflow.core.protobuf import saved_model_pb2
@@ -383,8 +404,10 @@ def test_tflite_trained_model_meets_every_threshold(tmp_path):
 
 @pytest.mark.slow
 def test_export_all_hybrid_builtin_only_and_float_thresholds(tmp_path):
-    # Random weights: the int8 agreement is reported, not judged (a limit of 100 points).
-    report = export_all(tiny_model("hybrid"), tmp_path, dataset="photos", max_top1_drop=100, serving_kernels="eigen")
+    # Random weights: the int8 agreement is reported, not judged (a limit of 100 points); 40 images check the float
+    # files' differences and that every mode runs.
+    report = export_all(tiny_model("hybrid"), tmp_path, dataset="photos", max_top1_drop=100, serving_kernels="eigen",
+                        calibration_count=20, evaluation_count=40)
     assert report["saved_model"] == str(tmp_path / "saved_model" / "1")
     assert saved_model.read_metadata(report["saved_model"])["serving_kernels"] == "eigen"
     assert len(read_warmup_requests(report["saved_model"])) == 3
