@@ -148,6 +148,12 @@ TIMM_EVA_IMPLEMENTED = {
 }
 
 
+def _timm_model_args(config: dict | None) -> dict:
+    """The `model_args` of timm's `config.json` (`config`), {} where it has none."""
+    model_args = (config or {}).get("model_args")
+    return model_args if isinstance(model_args, dict) else {}
+
+
 def read_timm_config(files: Beside, hidden_dim: int) -> dict:
     """What timm's `config.json` beside a weights file (`files`) states of the architecture: the `TIMM_ARCHITECTURE`
     fields `model_args` sets, and `num_heads`: `model_args["num_heads"]`, else the entry point's own, from its name
@@ -155,14 +161,13 @@ def read_timm_config(files: Beside, hidden_dim: int) -> dict:
     config = files.config
     if config is None or not isinstance(config.get("model_args", {}), dict):
         return {}
-    model_args = config.get("model_args", {})
+    model_args = _timm_model_args(config)
     found = {field: model_args[key] for key, field in TIMM_ARCHITECTURE.items()
              if isinstance(model_args.get(key), int) and not isinstance(model_args.get(key), bool)}
     heads = model_args.get("num_heads")
     if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0:
         return dict(found, num_heads=heads)
-    name = config.get("architecture")
-    name = name.split(".")[0] if isinstance(name, str) else ""
+    name = timm_architecture(files)
     size = re.match(r"(?:vit|deit3?)_([a-z0-9]+)_", name)
     heads = TIMM_HEADS_BY_NAME.get(name) or (TIMM_HEADS.get(size.group(1), {}).get(hidden_dim) if size else None)
     return found if heads is None else dict(found, num_heads=heads)
@@ -179,8 +184,7 @@ def timm_pooling(files: Beside) -> str | None:
     """The `global_pool` timm's `config.json` beside a weights file gives its model (`"avg"`, `"token"`, `"map"`),
     or None."""
     config = files.config or {}
-    model_args = config.get("model_args") if isinstance(config.get("model_args"), dict) else {}
-    pool = model_args.get("global_pool", config.get("global_pool"))
+    pool = _timm_model_args(config).get("global_pool", config.get("global_pool"))
     return pool if pool in ("avg", "token", "map") else None
 
 
@@ -211,7 +215,7 @@ def read_timm_eva_config(files: Beside, gated: bool) -> dict:
                          "Perception Encoder are not). Supported from timm's eva.py: the DINOv3 entry points "
                          "(vit_small_patch16_dinov3, ..., *_qkvb) and EVA-02's image models (eva02_tiny_patch14_224, "
                          "..., eva02_large_patch14_448); nothing was loaded.")
-    model_args = files.config.get("model_args") if isinstance(files.config.get("model_args"), dict) else {}
+    model_args = _timm_model_args(files.config)
     for key, values in TIMM_EVA_IMPLEMENTED[family].items():
         if key in model_args and model_args[key] not in values:
             raise ValueError(f"{files.path(CONFIG)!r}: {name} with {key}={model_args[key]!r} computes what "
