@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.paired import alternate, medians  # noqa: E402
+from benchmarks.paired import alternate, medians, require_keras_hub  # noqa: E402
 from benchmarks.run import _cpu  # noqa: E402
 
 B16 = dict(patch_size=16, hidden_dim=768, num_heads=12, num_layers=12, mlp_dim=3072, num_register_tokens=4)
@@ -93,14 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", type=int, default=224, help="image side in pixels (a multiple of 16)")
     parser.add_argument("--timm-python", default=None, help="an interpreter with torch and timm (else no timm row)")
     args = parser.parse_args(argv)
-    if keras.backend.backend() != "tensorflow":
-        parser.error(f"the comparison runs on TensorFlow (the backend is {keras.backend.backend()!r})")
-    try:
-        import keras_hub
-    except ImportError:
-        parser.error("keras-hub is not installed: pip install keras-hub")
-    if not hasattr(keras_hub.models, "DINOV3Backbone"):
-        parser.error(f"keras-hub {keras_hub.__version__} has no DINOV3Backbone (0.32 has)")
+    keras_hub = require_keras_hub(parser, needs="DINOV3Backbone")  # keras-hub 0.32 has it
     batches = [int(batch) for batch in args.batches.split(",")]
     cpu, isa = _cpu()
     print(f"CPU: {cpu}; ISA: {', '.join(isa)}; {os.cpu_count()} CPUs; keras {keras.__version__}, keras-hub "

@@ -121,15 +121,23 @@ def run_cases(args: argparse.Namespace, inference, training) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = case_parser("python -m benchmarks.paired", __doc__.split("\n\n")[0], "keras-hub/keras_vit", "1.1")
-    args = parser.parse_args(argv)
+def require_keras_hub(parser: argparse.ArgumentParser, needs: str | None = None):
+    """keras_hub, for a comparison on TensorFlow (with the model class `needs`, if given); else `parser.error`."""
     if keras.backend.backend() != "tensorflow":
         parser.error(f"the comparison runs on TensorFlow (the backend is {keras.backend.backend()!r})")
     try:
         import keras_hub
     except ImportError:
         parser.error("keras-hub is not installed: pip install keras-hub (see README, Benchmarks)")
+    if needs is not None and not hasattr(keras_hub.models, needs):
+        parser.error(f"keras-hub {keras_hub.__version__} has no {needs}")
+    return keras_hub
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = case_parser("python -m benchmarks.paired", __doc__.split("\n\n")[0], "keras-hub/keras_vit", "1.1")
+    args = parser.parse_args(argv)
+    keras_hub = require_keras_hub(parser)
     cpu, isa = _cpu()
     print(f"CPU: {cpu}; ISA: {', '.join(isa)}; {os.cpu_count()} CPUs; keras {keras.__version__}, "
           f"keras-hub {keras_hub.__version__}; {args.calls} alternating calls per case")
