@@ -10,6 +10,8 @@ files it writes. `trainer.RECIPES` maps `Config.recipe` names to recipes.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 from typing import Callable
 
 import keras
@@ -18,6 +20,7 @@ import tensorflow as tf
 import keras_vit
 from keras_vit import models, variants
 from keras_vit.checkpoints import loader as checkpoint_loader
+from keras_vit.checkpoints.reader import CheckpointFile
 from . import configs
 from .configs import Config
 
@@ -52,11 +55,32 @@ class Recipe:
     exact_eval: bool = True
 
 
+def weights_file(config: Config) -> CheckpointFile | None:
+    """The `CheckpointFile` of `config.weights` where it states its architecture (`configs.states_architecture`),
+    else None: read once for the run's checks and its builder, again only where the file changed since."""
+    if not configs.states_architecture(config.weights):
+        return None
+    return _read_weights_file(config.weights, _stamp(config.weights))
+
+
+def _stamp(path: str) -> tuple:
+    """(name, modification time, size) of a local file, or of a folder and each file in it; () for an hf:// name."""
+    if not os.path.exists(path):
+        return ()
+    paths = [path, *(os.path.join(path, name) for name in sorted(os.listdir(path)))] if os.path.isdir(path) else [path]
+    return tuple((name, os.stat(name).st_mtime_ns, os.stat(name).st_size) for name in paths)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_weights_file(weights: str, stamp: tuple) -> CheckpointFile | None:
+    return checkpoint_loader.local_file(weights)
+
+
 def pooling(config: Config) -> str:
     """The `pooling` of a backbone without head: the class token, the attention pooling of `classifier="map"`,
     or the average for `classifier="gap"`; with classifier "", the weights file's (`configs.FROM_FILE`)."""
     if not config.classifier:
-        file = checkpoint_loader.local_file(config.weights) if configs.states_architecture(config.weights) else None
+        file = weights_file(config)
         if file is None:
             raise ValueError(f"classifier='' takes the pooling of the weights file, but weights={config.weights!r} is "
                              "not a file that states one. Give classifier='token', 'gap' or 'map'.")
@@ -89,7 +113,7 @@ def architecture(config: Config) -> dict | variants.ViTConfig:
     explicit = _explicit_architecture(config)
     if len(explicit) == len(variants.ARCHITECTURE):
         return explicit
-    return models.model_config(None, checkpoint_loader.local_file(config.weights), **explicit)
+    return models.model_config(None, weights_file(config), **explicit)
 
 
 def build_backbone(config: Config, **options) -> keras.Model:
@@ -98,7 +122,8 @@ def build_backbone(config: Config, **options) -> keras.Model:
     dropouts and `weights=config.weights`, built with the recipe's `options`."""
     explicit = {} if config.variant else _explicit_architecture(config)
     return keras_vit.VisionTransformer(
-        config.variant or None, weights=config.weights or None, input_shape=(config.image_size, config.image_size, 3),
+        config.variant or None, weights=weights_file(config) or config.weights or None,
+        input_shape=(config.image_size, config.image_size, 3),
         classifier=config.classifier or None, dropout_rate=config.dropout_rate,
         attention_dropout_rate=config.attention_dropout_rate, drop_path_rate=config.drop_path_rate,
         **explicit, **options)
