@@ -338,28 +338,43 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
     print(f"kill -9 of process 1: process 0 stopped {stopped_after:.1f} s later; resumed at iteration 13")
 
 
-@pytest.mark.slow  # two 2-process runs (about 40 s)
+# Masked patch prediction, then fine-tuning of its encoder, in the same two processes (the command line's own
+# multi-process run is the uninterrupted run of the kill test above).
+RECIPES_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from keras_vit.training import configs, distribute, multihost, trainer
+
+    workdir, *common = sys.argv[1:]
+    multihost.initialize(multihost.Cluster.from_flags_and_env(), join_timeout_s=60, heartbeat_timeout_s=10)
+    masked = configs.apply_overrides(configs.get_config("masked_patches"), common)
+    summaries = {"masked": trainer.train_and_evaluate(masked, workdir + "/masked", verbose=0,
+                                                      strategy=distribute.get_strategy("auto"))}
+    multihost.broadcast_from_process_0([np.zeros(1)])  # Every process waits for process 0's encoder file.
+    finetune = configs.apply_overrides(configs.get_config("finetune"), [
+        *common, f"weights={workdir}/masked/encoder.weights.h5", "precision=bfloat16", "grad_accum_steps=2"])
+    summaries["finetune"] = trainer.train_and_evaluate(finetune, workdir + "/finetune", verbose=0,
+                                                       strategy=distribute.get_strategy("auto"))
+    print("REPORT:", json.dumps({"process": multihost.process_index(), **summaries}))
+""")
+
+
+@pytest.mark.slow  # one 2-process run of two recipes (about 40 s)
 def test_masked_pretraining_then_bfloat16_finetuning_with_accumulation_on_2_processes(tmp_path):
     """The recipes besides the supervised float32 one: masked patch prediction, then fine-tuning its encoder in
     mixed bfloat16 with 2 accumulated micro-batches per update."""
     common = [*TINY, "epochs=1", "steps_per_epoch=4", "total_steps=0", "dataset=digits", "train_split=train",
               "eval_split=test"]
-    masked_flags = [f"--override={o}" for o in common]
     port = free_ports(1)[0]
-    flags = _cluster_flags(port)
-    runs = _run_processes([_cli(tmp_path / "masked", "--config=masked_patches", *flags, *masked_flags,
-                                f"--process_id={i}") for i in (0, 1)], [_env(None, port)] * 2, 240)
-    assert "masked patch loss" in _ok(runs[0]).stdout and _ok(runs[1]).returncode == 0
-    encoder = tmp_path / "masked" / "encoder.weights.h5"
-    finetune_flags = [*masked_flags, f"--override=weights={encoder}", "--override=precision=bfloat16",
-                      "--override=grad_accum_steps=2"]
-    port = free_ports(1)[0]
-    flags = _cluster_flags(port)
-    runs = _run_processes([_cli(tmp_path / "finetune", "--config=finetune", *flags, *finetune_flags,
-                                f"--process_id={i}") for i in (0, 1)], [_env(None, port)] * 2, 240)
-    assert "top-1 " in _ok(runs[0]).stdout and _ok(runs[1]).returncode == 0
-    summary = json.loads((tmp_path / "finetune" / "model.eval.json").read_text())
-    assert summary["optimizer_iterations"] == 2 and summary["num_eval_examples"] == 360  # 4 micro-steps / 2
+    runs = [_report(_ok(run).stdout) for run in _run_processes(
+        [[sys.executable, "-c", RECIPES_SCRIPT, str(tmp_path), *common]] * 2, [_env(0, port), _env(1, port)], 240)]
+    assert [run["process"] for run in runs] == [0, 1]
+    masked, finetune = runs[0]["masked"], runs[0]["finetune"]
+    assert np.isfinite(masked["loss"]) and "masked_accuracy" in masked
+    assert os.path.exists(tmp_path / "masked" / "encoder.weights.h5")
+    assert finetune["optimizer_iterations"] == 2 and finetune["num_eval_examples"] == 360  # 4 micro-steps / 2
+    assert runs[1]["finetune"]["optimizer_iterations"] == 2 and "model_path" not in runs[1]["finetune"]
+    assert json.loads((tmp_path / "finetune" / "model.eval.json").read_text())["num_eval_examples"] == 360
 
 
 def test_each_process_reads_only_its_even_split_of_a_tfds_split(monkeypatch):
