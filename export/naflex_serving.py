@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import image_io, kernels
-from keras_vit.atomic import DiskSpaceError, atomic_write, check_free_space, variables_bytes
+from keras_vit.atomic import DiskSpaceError, atomic_write, check_room, variables_bytes
 from keras_vit.layers.naflex import NaFlexPositionEmbedding
 
 from . import model_io, saved_model, serving
@@ -207,7 +207,7 @@ def export_naflex_saved_model(model: keras.Model, base_dir: str | os.PathLike, *
                 "image_size": None, "max_pixels": max_pixels, "max_batch": max_batch, "l2_normalize": l2_normalize,
                 "serving_kernels": serving_kernels, "image_formats": list(image_io.FORMATS), "signatures": names,
                 "preprocessing": {"resize": RESIZE, "rule": "Siglip2ImageProcessor (transformers 4.57.6)"}}
-    check_free_space({str(base): variables_bytes(model.weights)}, f"SavedModel version {version}")
+    check_room({str(base): variables_bytes(model.weights)}, f"SavedModel version {version}")
     try:
         with atomic_write(target, folder=True) as partial:
             archive.write_out(partial, verbose=False)

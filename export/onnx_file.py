@@ -23,7 +23,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_vit.atomic import atomic_write, check_free_space, variables_bytes
+from keras_vit.atomic import atomic_write, check_room, variables_bytes
 from keras_vit.vit_model import model_input_signature
 
 from . import model_io
@@ -118,7 +118,7 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
     pixel_model = model_io.with_pixel_input(model)
     (spec,) = model_input_signature(pixel_model)
     spec = keras.InputSpec(shape=spec.shape, dtype="float32", name=INPUT_NAME)
-    check_free_space({str(base): variables_bytes(model.weights)}, f"ONNX version {version}")
+    check_room({str(base): variables_bytes(model.weights)}, f"ONNX version {version}")
     options = {} if opset_version is None else {"opset_version": opset_version}
     with atomic_write(target, folder=True) as partial:
         path = os.path.join(partial, ONNX_FILE)

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_vit import image_io
-from keras_vit.atomic import DiskSpaceError, atomic_write, check_free_space, variables_bytes
+from keras_vit.atomic import DiskSpaceError, atomic_write, check_room, variables_bytes
 
 from . import model_io, serving
 
@@ -107,7 +107,7 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
                 "signatures": ["serving_default", serving.BYTES_SIGNATURE, *signatures],
                 "preprocessing": model_io.preprocessing_config(model).to_dict()}
     # At least the variables, which the SavedModel holds once (the graph and the warmup requests come on top).
-    check_free_space({str(base): variables_bytes(model.weights)}, f"SavedModel version {version}")
+    check_room({str(base): variables_bytes(model.weights)}, f"SavedModel version {version}")
     try:
         with atomic_write(target, folder=True) as partial:  # makes `base` where there is none
             archive.write_out(partial, verbose=False)

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
+import math
 import os
 import tempfile
 import time
@@ -40,7 +42,7 @@ from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
 
 from keras_vit import datasets
-from keras_vit.atomic import atomic_write
+from keras_vit.atomic import DiskSpaceError, atomic_write, check_room
 
 from . import ALL_MODES, data, model_io
 from .tflite_conversion import (GPU_DELEGATE_MODES, INT8_CPU_FLOAT_OPS, MIXED_INT8_OPS, _BUILTIN_NAMES,
@@ -49,6 +51,8 @@ from .tflite_conversion import (GPU_DELEGATE_MODES, INT8_CPU_FLOAT_OPS, MIXED_IN
 # Max abs difference of the probabilities allowed per mode; the int8 modes are held to `max_top1_drop` instead.
 MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
 INT8_MODES = ("dynamic_int8", "mixed_int8", "int8", "int8_cpu")
+# Bytes a weight takes in each mode's file, for the room a conversion needs: mixed_int8 at most all float32.
+BYTES_PER_WEIGHT = {"float32": 4, "float16": 2, "mixed_int8": 4, "dynamic_int8": 1, "int8": 1, "int8_cpu": 1}
 DEFAULT_MAX_TOP1_DROP = 1.0  # points of top-1 agreement with the Keras model an int8 mode may lose
 
 
@@ -302,7 +306,14 @@ def _export_mode(model: keras.Model, source: str, out: Path, mode: str, calibrat
     handle, partial = tempfile.mkstemp(dir=out, prefix=f".{final.name}.", suffix=".partial")
     os.close(handle)
     try:
-        convert(model, partial, mode, calibration, source=source)
+        try:
+            convert(model, partial, mode, calibration, source=source)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            raise DiskSpaceError(errno.ENOSPC, f"The disk filled up while {final.name} was written in {out}. It was "
+                                 "not written and the files there before are whole: free some space and convert "
+                                 "again") from None
         result = evaluate(partial, mode, reference, evaluation, labels=labels, max_top1_drop=max_top1_drop)
         if result["refused"]:
             final.unlink(missing_ok=True)
@@ -358,6 +369,7 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
                          f"tf.lite.experimental.QuantizationDebugger. Expected a subset of {available}.")
     if not max_top1_drop >= 0:
         raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
+    check_room({str(out_dir): files_bytes(model, modes)}, "the LiteRT files")
     images, labels, source = _load_images(model, images, labels, dataset)
     calibration_index, evaluation_index = split_indices(len(images), calibration_count, evaluation_count)
     calibration, evaluation = images[calibration_index], images[evaluation_index]
@@ -386,6 +398,12 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
         raise Top1DropError("Refused " + "; ".join(_refusal(result, max_top1_drop) for result in refused) + ".",
                             report)
     return report
+
+
+def files_bytes(model: keras.Model, modes: Sequence[str]) -> int:
+    """About the bytes of the LiteRT files of `modes` and their report: each mode's weights at its width."""
+    parameters = sum(math.prod(variable.shape) for variable in model.weights)
+    return sum(parameters * BYTES_PER_WEIGHT[mode] for mode in modes) + 2 ** 20
 
 
 def _refusal(result: dict[str, Any], max_top1_drop: float) -> str:

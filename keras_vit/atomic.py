@@ -1,7 +1,8 @@
 """Files and folders written whole or not at all: `atomic_write(path)` (the converter's output, the inspection
 figures, the LiteRT report), `atomic_write(path, folder=True)` (a SavedModel version folder) and `write_json(path,
-value)` (a training backup's config, keras-vit-masked-digits' records); `check_free_space` refuses a write the disk
-has no room for before it starts, `variables_bytes` estimates the room a file of variables takes."""
+value)` (a training backup's config, keras-vit-masked-digits' records); `check_room` refuses a write before it starts
+where a folder cannot be written (a read-only mount, no permission) or its disk has no room, `variables_bytes`
+estimates the room a file of variables takes."""
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ def atomic_write(path: str | os.PathLike, folder: bool = False) -> Iterator[str]
     ends, and is removed if the block raises (Ctrl-C too): `path` is never half-written, and an older one there
     stays whole until the new one replaces it."""
     parent, name = os.path.split(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    if folder:
-        partial = tempfile.mkdtemp(dir=parent, prefix=f".{name}.", suffix=".partial")
-    else:
-        ending = name[name.index("."):] if "." in name else ""
-        handle, partial = tempfile.mkstemp(dir=parent, prefix=f".{name}.", suffix=f".partial{ending}")
-        os.close(handle)
+    with _named_if_not_writable(parent, name):
+        os.makedirs(parent, exist_ok=True)
+        if folder:
+            partial = tempfile.mkdtemp(dir=parent, prefix=f".{name}.", suffix=".partial")
+        else:
+            ending = name[name.index("."):] if "." in name else ""
+            handle, partial = tempfile.mkstemp(dir=parent, prefix=f".{name}.", suffix=f".partial{ending}")
+            os.close(handle)
     try:
         yield partial
         if folder and os.path.exists(path):  # a folder cannot be renamed over another: the old one moves aside
@@ -51,8 +53,38 @@ class DiskSpaceError(OSError):
     """Not enough free space for the files about to be written (errno ENOSPC); nothing was written."""
 
 
-def check_free_space(needs: dict[str, int], what: str) -> None:
-    """Raises `DiskSpaceError` where a file system lacks the space for the bytes about to be written to it.
+class NotWritableError(OSError):
+    """A folder the files were to be written to cannot be written (errno EROFS: a read-only mount; EACCES or EPERM:
+    no permission); nothing was written."""
+
+
+# What the system says where a folder cannot be written (not a fault of the disk's size).
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _not_writable(folder: str, what: str, code: int) -> NotWritableError:
+    return NotWritableError(code, f"Cannot write {what} in {folder}: {os.strerror(code).lower()}. Nothing was "
+                                  "written and the files there before are whole: make the folder writable (or choose "
+                                  "another) and run the same command again")
+
+
+@contextlib.contextmanager
+def _named_if_not_writable(folder: str, what: str) -> Iterator[None]:
+    """Turns the system's "read-only file system: <hidden partial path>" into `NotWritableError` naming `what`."""
+    try:
+        yield
+    except NotWritableError:
+        raise
+    except OSError as error:
+        if error.errno not in NOT_WRITABLE:
+            raise
+        raise _not_writable(folder, what, error.errno) from error
+
+
+def check_room(needs: dict[str, int], what: str) -> None:
+    """Raises `NotWritableError` where a folder cannot be written (a read-only mount, no permission: asked of the
+    system with `os.access`, which root's writes obey on a read-only mount as well), and `DiskSpaceError` where a
+    file system lacks the space for the bytes about to be written to it.
 
     Args:
         needs: folder -> the bytes about to be written there (folders on one file system are added up; a folder
@@ -62,6 +94,9 @@ def check_free_space(needs: dict[str, int], what: str) -> None:
     by_device: dict[int, tuple[str, str, int]] = {}
     for folder, size in needs.items():
         existing = _nearest_existing(folder)
+        if not os.access(existing, os.W_OK):
+            read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+            raise _not_writable(folder, what, errno.EROFS if read_only else errno.EACCES)
         device = os.stat(existing).st_dev
         first, measured, total = by_device.get(device, (folder, existing, 0))
         by_device[device] = (first, measured, total + size)

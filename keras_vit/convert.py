@@ -21,7 +21,7 @@ import keras
 import numpy as np
 
 from keras_vit import models
-from keras_vit.atomic import atomic_write, check_free_space, variables_bytes
+from keras_vit.atomic import atomic_write, check_room, variables_bytes
 from keras_vit.checkpoints.reader import read_checkpoint
 
 
@@ -84,7 +84,7 @@ def _write_read_back(model: keras.Model, output: str) -> keras.Model:
     """Writes `model` to `output` (atomically, after checking the disk has room: h5py crashes the process on a disk
     that fills while it writes) and reads the file back into a new model."""
     weights = variables_bytes(model.weights, per_variable=4096)  # HDF5's overhead, a few KiB a variable
-    check_free_space({os.path.dirname(os.path.abspath(output)): weights + 2 ** 20}, os.path.basename(output))
+    check_room({os.path.dirname(os.path.abspath(output)): weights + 2 ** 20}, os.path.basename(output))
     with atomic_write(output) as partial:
         if output.endswith(".keras"):
             model.save(partial)

@@ -8,6 +8,7 @@ import dataclasses
 import fcntl
 import importlib.util
 import json
+import logging
 import math
 import os
 import shutil
@@ -670,3 +671,24 @@ def fill(folder, leave: int) -> None:
 
     with open(os.path.join(folder, "filler"), "wb") as filler:
         filler.write(b"\0" * (shutil.disk_usage(folder).free - leave))
+
+
+def run_train_cli(capsys, *arguments: str) -> tuple[int, str, str]:
+    """keras-vit-train run in this process (for what needs no process of its own: its flags and one-line
+    stops): the exit status, stdout and stderr the console script ends with (a `SystemExit` message is stderr's
+    last line, status 1, as the interpreter prints it). Ctrl-C, a second process and kills run as processes."""
+    from absl import flags
+
+    from keras_vit.cli import train
+    capsys.readouterr()
+    level = logging.getLogger().level
+    try:
+        train.main(flags.FLAGS(["keras-vit-train", *arguments]))
+        status, message = 0, ""
+    except SystemExit as stop:
+        status, message = (1, f"{stop.code}\n") if isinstance(stop.code, str) else (stop.code or 0, "")
+    finally:
+        flags.FLAGS.unparse_flags()
+        logging.getLogger().setLevel(level)
+    out, err = capsys.readouterr()
+    return status, out, err + message

@@ -35,7 +35,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit.atomic import atomic_write, check_free_space, variables_bytes
+from keras_vit.atomic import atomic_write, check_room, variables_bytes
 
 from . import data as data_lib
 from . import distribute, masked, multihost, preemption, resume, supervised
@@ -167,8 +167,9 @@ def state_bytes(model: keras.Model) -> int:
 
 
 class DiskSpaceGuard(keras.callbacks.Callback):
-    """Raises `keras_vit.atomic.DiskSpaceError` before the run's next writes where a disk lacks the room for them:
-    the backup (written twice: its copy, then itself), the last and best weights and a MiB for the logs.
+    """Raises `keras_vit.atomic.DiskSpaceError` before the run's next writes where a disk lacks the room for them
+    (the backup, written twice: its copy, then itself; the last and best weights and a MiB for the logs), and
+    `keras_vit.atomic.NotWritableError` where their folder cannot be written (a read-only mount, no permission).
 
     It runs before every writer (`make_callbacks`), so on a full disk the backup and the checkpoints stay as they
     were, whole, and the rerun resumes from them. Left to fail, h5py crashes the process inside its `close`
@@ -187,7 +188,7 @@ class DiskSpaceGuard(keras.callbacks.Callback):
         needs = {self.backup_dir: 2 * state}
         if with_checkpoints:
             needs[self.outdir] = 2 * state + 2 ** 20
-        check_free_space(needs, "the training backup and checkpoints" if with_checkpoints else "the training backup")
+        check_room(needs, "the training backup and checkpoints" if with_checkpoints else "the training backup")
 
     def on_train_batch_end(self, batch, logs=None):
         if self.backup_every_steps:
@@ -473,7 +474,7 @@ def _save(config: Config, workdir: str, run: Run, model: keras.Model, backbone: 
     """Saves the recipe's files and `model.eval.json`; returns the summary (no paths from a scratch folder)."""
     results = exact_results(results)
     # The recipe's files hold at most three copies of the weights (the masked recipe's model, encoder, weights).
-    check_free_space({run.outdir: 3 * state_bytes(backbone) + 2 ** 20}, "the run's model files")
+    check_room({run.outdir: 3 * state_bytes(backbone) + 2 ** 20}, "the run's model files")
     summary = {**results,
                "num_eval_examples": run.datasets.num_eval_examples, "skipped_examples": run.datasets.skipped,
                "optimizer_iterations": optimizer_iterations(model),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import os
 import re
 import signal
@@ -22,7 +21,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from tests.testing import REPO, TRAIN_TINY, free_ports, subprocess_env
+from tests.testing import REPO, TRAIN_TINY, free_ports, run_train_cli, subprocess_env
 
 
 def _arguments(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -32,27 +31,6 @@ def _arguments(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[st
 
 def _cli(workdir, *overrides: str, extra: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "keras_vit.cli.train", *_arguments(workdir, *overrides, extra=extra)]
-
-
-def _in_process(capsys, *arguments: str) -> tuple[int, str, str]:
-    """keras-vit-train run in this process (for what needs no process of its own: its flags and one-line
-    stops): the exit status, stdout and stderr the console script ends with (a `SystemExit` message is stderr's
-    last line, status 1, as the interpreter prints it). Ctrl-C, a second process and kills run as processes."""
-    from absl import flags
-
-    from keras_vit.cli import train
-    capsys.readouterr()
-    level = logging.getLogger().level
-    try:
-        train.main(flags.FLAGS(["keras-vit-train", *arguments]))
-        status, message = 0, ""
-    except SystemExit as stop:
-        status, message = (1, f"{stop.code}\n") if isinstance(stop.code, str) else (stop.code or 0, "")
-    finally:
-        flags.FLAGS.unparse_flags()
-        logging.getLogger().setLevel(level)
-    out, err = capsys.readouterr()
-    return status, out, err + message
 
 
 def _weights(path: str) -> list[np.ndarray]:
@@ -227,7 +205,7 @@ def test_cli_help_explains_every_flag_and_a_url_workdir_is_one_line(capsys, monk
         assert flag in help_text
     assert "multiworker" in help_text and "key=value" in help_text
 
-    status, _, err = _in_process(capsys, "--config=digits", "--workdir=gs://bucket/run")
+    status, _, err = run_train_cli(capsys, "--config=digits", "--workdir=gs://bucket/run")
     assert status == 1 and err.strip().splitlines()[-1].startswith(
         "keras-vit-train: error: workdir 'gs://bucket/run' is a URL;") and "Traceback" not in err, err[-3000:]
 
@@ -237,7 +215,7 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path, capsys):
     """A NaN stop exits with 1 and its message, a second run of a workdir while it trains and a resume with another
     model with 1 and what is wrong, Ctrl-C (SIGINT) mid-training with 130 and how to resume, a SIGTERM with 143,
     the step it backed up and how to resume: one line each, no traceback."""
-    status, _, err = _in_process(capsys, *_arguments(tmp_path / "nan", "optimizer=sgd", "lr=1e30"))
+    status, _, err = run_train_cli(capsys, *_arguments(tmp_path / "nan", "optimizer=sgd", "lr=1e30"))
     assert status == 1, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("keras-vit-train: error: Loss became nan at epoch 1"), err[-3000:]
 
@@ -251,7 +229,7 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path, capsys):
         if "Training starts at epoch" in line:
             break
     process.send_signal(signal.SIGSTOP)  # Paused while the second run starts (its lock held), not training on.
-    status, _, err = _in_process(capsys, *_arguments(workdir, "epochs=1000", "steps_per_epoch=50"))  # meanwhile
+    status, _, err = run_train_cli(capsys, *_arguments(workdir, "epochs=1000", "steps_per_epoch=50"))  # meanwhile
     assert status == 1 and err.strip().splitlines()[-1].startswith(
         f"keras-vit-train: error: Another process (process {process.pid} on ") and f"is training in {workdir}: its " \
         "backup" in err and "Traceback" not in err, err[-3000:]
@@ -283,14 +261,14 @@ def test_cli_nan_stop_and_ctrl_c_end_in_one_line(tmp_path, capsys):
     starts = [json.loads(line) for line in (workdir / "train_log.jsonl").read_text().splitlines()]
     assert starts[-1]["optimizer_iterations"] < step  # it trained on after its start
 
-    status, _, err = _in_process(capsys, *_arguments(workdir, "epochs=1000", "steps_per_epoch=50", "hidden_dim=32"))
+    status, _, err = run_train_cli(capsys, *_arguments(workdir, "epochs=1000", "steps_per_epoch=50", "hidden_dim=32"))
     assert status == 1 and err.strip().splitlines()[-1].startswith(
         f"keras-vit-train: error: {workdir} holds the backup of a run with another model or optimizer "
         "(hidden_dim 16 -> 32).") and "Traceback" not in err, err[-3000:]
 
 
 def test_cli_print_config_applies_overrides(tmp_path, capsys):
-    status, out, err = _in_process(capsys, "--config=finetune", f"--workdir={tmp_path}", "--override=lr=0.01",
+    status, out, err = run_train_cli(capsys, "--config=finetune", f"--workdir={tmp_path}", "--override=lr=0.01",
                                    "--print_config")
     assert status == 0, err
     config = json.loads(out)
@@ -312,13 +290,13 @@ def test_cli_finetunes_a_dinov3_file_as_the_file_says_and_it_learns(tmp_path, ca
                  "inception_crop=false"]  # as docs/training.md shows it
     arguments = ["--config=digits", f"--workdir={workdir}", "--verbose=0",
                  *[f"--override={item}" for item in overrides]]
-    status, out, err = _in_process(capsys, *arguments, "--print_config")
+    status, out, err = run_train_cli(capsys, *arguments, "--print_config")
     assert status == 0, err[-3000:]
     printed = json.loads(out)
     from_file = dict(variant="", patch_size=0, hidden_dim=0, mlp_dim=0, num_heads=0, num_layers=0, classifier="")
     assert {name: printed[name] for name in from_file} == from_file  # the recipe's cleared: the file's
     start = time.time()
-    status, out, err = _in_process(capsys, *arguments)
+    status, out, err = run_train_cli(capsys, *arguments)
     seconds = time.time() - start
     assert status == 0, err[-3000:]
     assert f"model saved to {workdir / 'model.keras'}" in out, out[-3000:]
@@ -335,7 +313,7 @@ def test_cli_finetunes_a_dinov3_file_as_the_file_says_and_it_learns(tmp_path, ca
     assert losses[-1] < np.log(10) - 0.3 and losses[-1] < losses[0] - 0.3, losses  # measured: 2.31 -> 1.85
     assert summary["top1"] > 0.3, summary  # chance: 0.1; measured 0.44
 
-    status, _, err = _in_process(capsys, *arguments[:1], f"--workdir={tmp_path / 'wrong'}", *arguments[2:],
+    status, _, err = run_train_cli(capsys, *arguments[:1], f"--workdir={tmp_path / 'wrong'}", *arguments[2:],
                                  "--override=hidden_dim=64")
     assert status == 1 and "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("keras-vit-train: error: hidden_dim=64 contradicts"), err[-3000:]
@@ -352,9 +330,9 @@ def test_cli_bad_input_ends_in_one_line(tmp_path, capsys, monkeypatch):
             (unknown, f"keras-vit-train: error: {message}"),
             ([f"--override=data_dir={tmp_path}"],
              f"keras-vit-train: error: TFDS dataset 'imagenet2012' is not prepared in '{tmp_path}/imagenet2012/")]:
-        status, _, err = _in_process(capsys, *command, *overrides)
+        status, _, err = run_train_cli(capsys, *command, *overrides)
         assert status == 1 and "Traceback" not in err, err[-3000:]
         assert err.strip().splitlines()[-1].startswith(last_line), err[-3000:]
     monkeypatch.setenv("KERAS_VIT_TRACEBACK", "1")
     with pytest.raises(ValueError, match=message):
-        _in_process(capsys, *command, *unknown)
+        run_train_cli(capsys, *command, *unknown)
