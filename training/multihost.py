@@ -316,6 +316,26 @@ def broadcast_from_process_0(values: list, strategy=None) -> list[np.ndarray]:
     return [tf.cast(total, t.dtype).numpy() for total, t in zip(summed, tensors)]
 
 
+def any_process(flag: bool, strategy=None) -> bool:
+    """Whether `flag` is true on any process of the run (`flag` itself with one process): every process must call
+    it at the same point. On JAX an all-gather (`multihost_utils.process_allgather`); on TensorFlow an all-reduce
+    through the run's tf.distribute `strategy` (default: the current one)."""
+    if process_count() == 1:
+        return bool(flag)
+    if _jax():
+        from jax.experimental import multihost_utils
+
+        return bool(np.asarray(multihost_utils.process_allgather(np.array(int(flag), np.int32))).any())
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+
+    def replica_fn():
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(int(flag)))
+
+    return bool(strategy.experimental_local_results(strategy.run(replica_fn))[0].numpy() > 0)
+
+
 def gather_counts(count: int | None) -> list[int] | None:
     """Every JAX process's `count`, by process index (`[count]` with one process, and on TensorFlow, whose processes
     all read the whole input); None if any process's is None."""

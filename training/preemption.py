@@ -3,8 +3,9 @@ stops the machine some seconds later) ends training at the end of the step it ar
 step; the same command resumes from it.
 
     with preemption.sigterm_requests(grace_s=25) as request:
-        model.fit(..., callbacks=[..., preemption.StopAtStep(request, backup.save_now, first_batch, accumulation)])
-    # raises Preempted(step) out of `fit` once the backup is written
+        model.fit(..., callbacks=[..., preemption.StopAtStep(request, backup.save_now, first_batch, accumulation,
+                                                             agree=multihost.any_process)])
+    # raises Preempted(step) out of `fit` once the backup is written (on every process of the run, after one step)
 
 The grace period counts from the signal: a step (or a backup) still running when it ends is not waited for; the
 process exits with `EXIT_STATUS`, and the backup written before, which a new one never overwrites in place
@@ -28,13 +29,14 @@ DEFAULT_GRACE_S = 25.0  # GKE's default terminationGracePeriodSeconds is 30; a s
 
 
 class Preempted(Exception):
-    """Training stopped on a SIGTERM after optimizer step `step`, whose backup was written (`backed_up`)."""
+    """Training stopped on a SIGTERM after optimizer step `step`, whose backup was written (`backed_up`); `here`:
+    the SIGTERM came to this process (else to another process of the run, which all stopped after that step)."""
 
-    def __init__(self, step: int, backed_up: bool):
-        self.step, self.backed_up = step, backed_up
+    def __init__(self, step: int, backed_up: bool, here: bool = True):
+        self.step, self.backed_up, self.here = step, backed_up, here
         where = f"step {step}: its backup is written" if backed_up else (
             f"step {step}, but this Keras cannot write a backup mid-epoch: the last backup stays")
-        super().__init__(f"Preempted (SIGTERM) after {where}")
+        super().__init__(f"Preempted (SIGTERM{'' if here else ' to another process of the run'}) after {where}")
 
 
 class StopRequest:
@@ -89,16 +91,20 @@ class StopAtStep(keras.callbacks.Callback):
     `accumulation`-th batch), calls `save` (the backup of this step; it returns whether it wrote one) and raises
     `Preempted` out of `fit`, which stops there without ending the epoch (Keras' `stop_training` would end it:
     validation, checkpoints, and a backup that says the epoch is done). `first_batch`: the batches trained before
-    this `fit` (a resumed run's)."""
+    this `fit` (a resumed run's).
 
-    def __init__(self, request: StopRequest, save: Callable[[], bool], first_batch: int = 0, accumulation: int = 1):
+    In a run of several processes, `agree` (`multihost.any_process`) is asked at the end of every update whether
+    any process's request is marked: all of them stop after the same step, each with its backup of it."""
+
+    def __init__(self, request: StopRequest, save: Callable[[], bool], first_batch: int = 0, accumulation: int = 1,
+                 agree: Callable[[bool], bool] = bool):
         super().__init__()
-        self.request, self.save, self.accumulation = request, save, max(1, accumulation)
+        self.request, self.save, self.accumulation, self.agree = request, save, max(1, accumulation), agree
         self.batches = first_batch
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
-        if self.request.requested and self.batches % self.accumulation == 0:
+        if self.batches % self.accumulation == 0 and self.agree(self.request.requested):
             backed_up = self.save()
             self.request.finished.set()
-            raise Preempted(self.batches // self.accumulation, backed_up)
+            raise Preempted(self.batches // self.accumulation, backed_up, here=self.request.requested)

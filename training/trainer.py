@@ -23,6 +23,7 @@ scratch folder that the run deletes):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import logging
@@ -389,7 +390,8 @@ def train_and_evaluate(config: Config, workdir: str, *, strategy: distribute.Str
         NaNLossError: at the first non-finite loss; KeyboardInterrupt: on Ctrl-C. The backup keeps the last good
             state, and the same call resumes from it.
         preemption.Preempted: on a SIGTERM, after the step it arrived in, whose backup it wrote: the same call
-            resumes from that step (the data too: `Datasets.train_after`).
+            resumes from that step (the data too: `Datasets.train_after`). With several processes, a SIGTERM to
+            any of them stops all after the same step (`multihost.any_process` at each update).
         resume.ResumeConfigError: the workdir's backup is of another model or optimizer
             (`resume.check_resume_config`).
         resume.RunInProgressError: another process is training in the workdir as this worker
@@ -440,9 +442,11 @@ def _fit_and_evaluate(config: Config, workdir: str, strategy: distribute.Strateg
         with distribute.build_scope(strategy):
             backup.restore_now(model)  # first, to know the batches trained
         trained = optimizer_iterations(model) * accumulation
+        # With several processes, all stop after the step in which any of them got the SIGTERM.
+        agree = functools.partial(multihost.any_process, strategy=strategy) if multihost.process_count() > 1 else bool
         with distribute.run_scope(strategy), preemption.sigterm_requests(grace_s) as request:
             for epochs, steps in fit_plan(trained, run.steps_per_epoch, run.epochs):
-                stop = preemption.StopAtStep(request, backup.save_now, trained, accumulation)
+                stop = preemption.StopAtStep(request, backup.save_now, trained, accumulation, agree=agree)
                 model.fit(recipe.inputs(run.datasets.train_after(trained)),
                           initial_epoch=trained // run.steps_per_epoch, epochs=epochs, steps_per_epoch=steps,
                           shuffle=False,  # tf.data shuffles.

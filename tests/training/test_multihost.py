@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from keras_vit import datasets
-from keras_vit.training import configs, data, distribute, multihost
+from keras_vit.training import configs, data, distribute, multihost, preemption
 from tests.training.test_training_jax import FIXED_BATCH, REPO, TINY, _report
 from tests.testing import free_ports, subprocess_env, xla_flags
 
@@ -184,35 +184,56 @@ def test_shards_cover_the_split_once_and_the_global_batch_splits_evenly():
 
 # === Runs of 2 processes x 2 devices ===
 
-EQUIVALENCE_SCRIPT = textwrap.dedent("""
+# One run of the fixed global batch (4 updates of the tiny digits model) under the "auto" strategy: process 0 saves
+# the weights before and after, and the losses, to OUT.{npz,initial.npz,json}.
+FIXED_BATCH_RUN = textwrap.dedent("""
     import json, sys
     import keras, numpy as np
     from keras_vit.training import configs, distribute, multihost, supervised, trainer
 
-    out, *overrides = sys.argv[1:]
-    cluster = multihost.Cluster.from_flags_and_env()
-    if cluster.given:
-        multihost.initialize(cluster, join_timeout_s=60, heartbeat_timeout_s=10)
-    config = configs.apply_overrides(configs.get_config("digits"), overrides)
-    rng = np.random.default_rng(0)
-    x = rng.uniform(0, 255, (16, 16, 16, 3)).astype("float32")
-    y = np.eye(10, dtype="float32")[rng.integers(0, 10, 16)]
-    shard = multihost.shard()  # This process's rows of the fixed global batch.
-    rows = slice(shard.index * 16 // shard.count, (shard.index + 1) * 16 // shard.count)
-    strategy = distribute.get_strategy("auto")
-    keras.utils.set_random_seed(config.seed)
-    with distribute.build_scope(strategy):
-        model = trainer.build_model(config, 10)
-        model.compile(trainer.make_optimizer(config, total_steps=10), supervised.make_loss(config))
-    initial = model.get_weights()
-    with distribute.run_scope(strategy):
-        losses = [float(model.train_on_batch(x[rows], y[rows])) for _ in range(4)]
-    if multihost.is_writer():
-        np.savez(out + ".npz", *model.get_weights())
-        np.savez(out + ".initial.npz", *initial)
-        with open(out + ".json", "w") as f:
-            json.dump({"losses": losses, "devices": len(keras.distribution.list_devices()),
-                       "processes": multihost.process_count(), "replicas": distribute.num_replicas(strategy)}, f)
+    def fixed_batch_run(out, overrides):
+        config = configs.apply_overrides(configs.get_config("digits"), overrides)
+        rng = np.random.default_rng(0)
+        x = rng.uniform(0, 255, (16, 16, 16, 3)).astype("float32")
+        y = np.eye(10, dtype="float32")[rng.integers(0, 10, 16)]
+        shard = multihost.shard()  # This process's rows of the fixed global batch.
+        rows = slice(shard.index * 16 // shard.count, (shard.index + 1) * 16 // shard.count)
+        strategy = distribute.get_strategy("auto")
+        keras.utils.set_random_seed(config.seed)
+        with distribute.build_scope(strategy):
+            model = trainer.build_model(config, 10)
+            model.compile(trainer.make_optimizer(config, total_steps=10), supervised.make_loss(config))
+        initial = model.get_weights()
+        with distribute.run_scope(strategy):
+            losses = [float(model.train_on_batch(x[rows], y[rows])) for _ in range(4)]
+        if multihost.is_writer():
+            np.savez(out + ".npz", *model.get_weights())
+            np.savez(out + ".initial.npz", *initial)
+            with open(out + ".json", "w") as f:
+                json.dump({"losses": losses, "devices": len(keras.distribution.list_devices()),
+                           "processes": multihost.process_count(), "replicas": distribute.num_replicas(strategy)}, f)
+""")
+# One process of 4 devices: python -c ONE_PROCESS_SCRIPT OUT OVERRIDE...
+ONE_PROCESS_SCRIPT = FIXED_BATCH_RUN + textwrap.dedent("""
+    fixed_batch_run(sys.argv[1], sys.argv[2:])
+""")
+# Each of 2 processes of 2 devices: python -c TWO_PROCESS_SCRIPT WORKDIR FIXED_BATCH_OVERRIDES_JSON OVERRIDE...: the
+# fixed batch (WORKDIR/two.*), then masked patch prediction (WORKDIR/masked) and the bfloat16 fine-tuning of its
+# encoder with 2 accumulated micro-batches (WORKDIR/finetune), the overrides common to both. The command line's own
+# multi-process run is the uninterrupted run of the kill test below.
+TWO_PROCESS_SCRIPT = FIXED_BATCH_RUN + textwrap.dedent("""
+    workdir, fixed, *common = sys.argv[1:]
+    multihost.initialize(multihost.Cluster.from_flags_and_env(), join_timeout_s=60, heartbeat_timeout_s=10)
+    fixed_batch_run(workdir + "/two", json.loads(fixed))
+    masked = configs.apply_overrides(configs.get_config("masked_patches"), common)
+    summaries = {"masked": trainer.train_and_evaluate(masked, workdir + "/masked", verbose=0,
+                                                      strategy=distribute.get_strategy("auto"))}
+    multihost.broadcast_from_process_0([np.zeros(1)])  # Every process waits for process 0's encoder file.
+    finetune = configs.apply_overrides(configs.get_config("finetune"), [
+        *common, f"weights={workdir}/masked/encoder.weights.h5", "precision=bfloat16", "grad_accum_steps=2"])
+    summaries["finetune"] = trainer.train_and_evaluate(finetune, workdir + "/finetune", verbose=0,
+                                                       strategy=distribute.get_strategy("auto"))
+    print("REPORT:", json.dumps({"process": multihost.process_index(), **summaries}))
 """)
 
 
@@ -221,14 +242,19 @@ def _weights(path) -> list[np.ndarray]:
         return [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
 
 
-@pytest.mark.slow  # three JAX processes (about 30 s)
-def test_2_processes_x_2_devices_equal_1_process_x_4_devices_on_a_fixed_batch(tmp_path):
+@pytest.mark.slow  # one JAX process of 4 devices, then 2 of 2 devices (about 50 s)
+def test_2_processes_x_2_devices_equal_1_process_x_4_devices_and_run_the_masked_and_bfloat16_recipes(tmp_path):
+    """On a fixed global batch, 2 processes x 2 devices train as 1 process x 4 devices. The same 2 processes then
+    run the recipes besides the supervised float32 one: masked patch prediction, then fine-tuning its encoder in
+    mixed bfloat16 with 2 accumulated micro-batches per update."""
     port = free_ports(1)[0]
-    script = [sys.executable, "-c", EQUIVALENCE_SCRIPT]
-    _ok(_run_processes([[*script, str(tmp_path / "one"), *FIXED_BATCH]], [_env(None, port, devices=4)], 240)[0])
-    for result in _run_processes([[*script, str(tmp_path / "two"), *FIXED_BATCH]] * 2, [_env(0, port), _env(1, port)],
-                                 240):
-        _ok(result)
+    _ok(_run_processes([[sys.executable, "-c", ONE_PROCESS_SCRIPT, str(tmp_path / "one"), *FIXED_BATCH]],
+                       [_env(None, port, devices=4)], 240)[0])
+    common = [*TINY, "epochs=1", "steps_per_epoch=4", "total_steps=0", "dataset=digits", "train_split=train",
+              "eval_split=test"]
+    runs = [_report(_ok(run).stdout) for run in _run_processes(
+        [[sys.executable, "-c", TWO_PROCESS_SCRIPT, str(tmp_path), json.dumps(FIXED_BATCH), *common]] * 2,
+        [_env(0, port), _env(1, port)], 240)]
     one, two = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "two"))
     assert (one["devices"], one["processes"], one["replicas"]) == (4, 1, 4)
     assert (two["devices"], two["processes"], two["replicas"]) == (4, 2, 4)
@@ -239,6 +265,14 @@ def test_2_processes_x_2_devices_equal_1_process_x_4_devices_on_a_fixed_batch(tm
     assert moved > 1e-2, moved
     for got, want in zip(_weights(tmp_path / "two.npz"), _weights(tmp_path / "one.npz")):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+    assert [run["process"] for run in runs] == [0, 1]
+    masked, finetune = runs[0]["masked"], runs[0]["finetune"]
+    assert np.isfinite(masked["loss"]) and "masked_accuracy" in masked
+    assert os.path.exists(tmp_path / "masked" / "encoder.weights.h5")
+    assert finetune["optimizer_iterations"] == 2 and finetune["num_eval_examples"] == 360  # 4 micro-steps / 2
+    assert runs[1]["finetune"]["optimizer_iterations"] == 2 and "model_path" not in runs[1]["finetune"]
+    assert json.loads((tmp_path / "finetune" / "model.eval.json").read_text())["num_eval_examples"] == 360
 
 
 def _cli(workdir, *flags: str) -> list[str]:
@@ -284,12 +318,14 @@ def test_cli_setups_that_cannot_run_end_in_one_line(tmp_path):
 KILLABLE_RUN = [sys.executable, "-m", "tests.killable_run"]  # WORKDIR KILL_AT STRATEGY OVERRIDES...
 
 
-@pytest.mark.slow  # three 2-process runs (about 100 s)
+@pytest.mark.slow  # four 2-process runs (about 130 s)
 def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupted_run(tmp_path):
     """Process 1 SIGKILLs itself at step 20 (epoch 2 of 3); process 0 stops on its own instead of waiting forever.
-    The same commands again resume both from process 0's epoch-1 state (rerunning epoch 2 from its first batch) and
-    end with the weights and evaluation of the run never killed, which runs through the command line: it evaluates
-    the 360 test digits exactly (global batches of 32: each process pads its last one), and process 0 alone saves."""
+    The same commands again resume both from process 0's epoch-1 state (rerunning epoch 2 from its first batch);
+    a SIGTERM to process 0 alone as step 30 begins stops both after step 31 (they agree at each step), each with its
+    backup of it; the third run resumes from step 31. It ends with the weights and evaluation of the run never
+    stopped, which runs through the command line: it evaluates the 360 test digits exactly (global batches of 32:
+    each process pads its last one), and process 0 alone saves."""
     overrides = [*TINY, "train_split=train[:29%]", "batch_size=32", "steps_per_epoch=0", "epochs=3",
                  "shuffle_buffer=0", "inception_crop=false", "warmup_steps=5", "validate=true"]
     killed, port = tmp_path / "killed", free_ports(1)[0]
@@ -308,6 +344,12 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
         assert json.loads((killed / "backup" / f"worker_{worker}" / "training_metadata.json").read_text()) == {
             "epoch": 1, "batch": 0}
     port = free_ports(1)[0]
+    terminated = _run_processes([[*KILLABLE_RUN, str(killed), at, "auto", *overrides] for at in ("term@30", "-1")],
+                                [_env(0, port), _env(1, port)], 240)
+    for process, result in enumerate(terminated):
+        assert result.returncode == preemption.EXIT_STATUS, result.stderr[-3000:]
+        assert json.loads(result.stdout.split("PREEMPTED: ")[1].splitlines()[0]) == {"step": 31, "here": not process}
+    port = free_ports(1)[0]
     resumed = [_report(_ok(r).stdout) for r in _run_processes(
         [[*KILLABLE_RUN, str(killed), "-1", "auto", *overrides]] * 2, [_env(0, port), _env(1, port)], 240)]
     port, straight_dir = free_ports(1)[0], tmp_path / "straight"
@@ -324,7 +366,8 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
     assert not os.listdir(straight_dir / "backup")  # Both processes' backups are deleted when the run completes.
     assert len((straight_dir / "history.csv").read_text().splitlines()) == 4  # header + 3 epochs, from process 0
     starts = [json.loads(line) for line in (killed / "train_log.jsonl").read_text().splitlines()]
-    assert starts == [{"initial_epoch": 0, "optimizer_iterations": 0}, {"initial_epoch": 1, "optimizer_iterations": 13}]
+    assert starts == [{"initial_epoch": 0, "optimizer_iterations": 0}, {"initial_epoch": 1, "optimizer_iterations": 13},
+                      {"initial_epoch": 2, "optimizer_iterations": 31}]  # the third run began after step 31
     assert resumed[0]["optimizer_iterations"] == straight["optimizer_iterations"] == 39
     assert "model_path" in resumed[0] and "model_path" not in resumed[1]
     for key in ("loss", "top1", "top5"):
@@ -336,45 +379,6 @@ def test_a_killed_process_stops_the_run_which_resumes_and_equals_an_uninterrupte
     for got, want in zip(*weights):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     print(f"kill -9 of process 1: process 0 stopped {stopped_after:.1f} s later; resumed at iteration 13")
-
-
-# Masked patch prediction, then fine-tuning of its encoder, in the same two processes (the command line's own
-# multi-process run is the uninterrupted run of the kill test above).
-RECIPES_SCRIPT = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    from keras_vit.training import configs, distribute, multihost, trainer
-
-    workdir, *common = sys.argv[1:]
-    multihost.initialize(multihost.Cluster.from_flags_and_env(), join_timeout_s=60, heartbeat_timeout_s=10)
-    masked = configs.apply_overrides(configs.get_config("masked_patches"), common)
-    summaries = {"masked": trainer.train_and_evaluate(masked, workdir + "/masked", verbose=0,
-                                                      strategy=distribute.get_strategy("auto"))}
-    multihost.broadcast_from_process_0([np.zeros(1)])  # Every process waits for process 0's encoder file.
-    finetune = configs.apply_overrides(configs.get_config("finetune"), [
-        *common, f"weights={workdir}/masked/encoder.weights.h5", "precision=bfloat16", "grad_accum_steps=2"])
-    summaries["finetune"] = trainer.train_and_evaluate(finetune, workdir + "/finetune", verbose=0,
-                                                       strategy=distribute.get_strategy("auto"))
-    print("REPORT:", json.dumps({"process": multihost.process_index(), **summaries}))
-""")
-
-
-@pytest.mark.slow  # one 2-process run of two recipes (about 40 s)
-def test_masked_pretraining_then_bfloat16_finetuning_with_accumulation_on_2_processes(tmp_path):
-    """The recipes besides the supervised float32 one: masked patch prediction, then fine-tuning its encoder in
-    mixed bfloat16 with 2 accumulated micro-batches per update."""
-    common = [*TINY, "epochs=1", "steps_per_epoch=4", "total_steps=0", "dataset=digits", "train_split=train",
-              "eval_split=test"]
-    port = free_ports(1)[0]
-    runs = [_report(_ok(run).stdout) for run in _run_processes(
-        [[sys.executable, "-c", RECIPES_SCRIPT, str(tmp_path), *common]] * 2, [_env(0, port), _env(1, port)], 240)]
-    assert [run["process"] for run in runs] == [0, 1]
-    masked, finetune = runs[0]["masked"], runs[0]["finetune"]
-    assert np.isfinite(masked["loss"]) and "masked_accuracy" in masked
-    assert os.path.exists(tmp_path / "masked" / "encoder.weights.h5")
-    assert finetune["optimizer_iterations"] == 2 and finetune["num_eval_examples"] == 360  # 4 micro-steps / 2
-    assert runs[1]["finetune"]["optimizer_iterations"] == 2 and "model_path" not in runs[1]["finetune"]
-    assert json.loads((tmp_path / "finetune" / "model.eval.json").read_text())["num_eval_examples"] == 360
 
 
 def test_each_process_reads_only_its_even_split_of_a_tfds_split(monkeypatch):

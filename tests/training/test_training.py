@@ -26,7 +26,7 @@ import tensorflow as tf
 
 import keras_vit
 from tests.testing import TRAIN_TINY, TRAIN_VIT, python_path, save_checkpoint, subprocess_env, vit_checkpoint
-from keras_vit.training import configs, data, preemption, resume, supervised, trainer
+from keras_vit.training import configs, data, multihost, preemption, resume, supervised, trainer
 from keras_vit.training.configs import Config
 
 
@@ -477,6 +477,23 @@ def test_sigterm_mid_epoch_stops_after_its_step_and_the_rerun_resumes_there_as_n
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     rows = list(csv.DictReader(open(stopped_dir / "history.csv")))
     assert [row["epoch"] for row in rows] == ["0", "1", "2"]  # no row for the stopped part of epoch 2
+
+
+def test_stop_at_step_asks_the_processes_at_each_update_and_stops_where_any_was_signalled():
+    """`StopAtStep` asks `agree` (`multihost.any_process` in a multi-process run) with this process's request at
+    each update's end only (2 micro-batches an update here); where another process was signalled (`agree` says so,
+    this request unmarked) it saves and stops all the same, `here=False`. One process: `any_process` is the flag."""
+    asked, saved = [], []
+    request = preemption.StopRequest(grace_s=30)
+    stop = preemption.StopAtStep(request, lambda: saved.append(True) or True, first_batch=2, accumulation=2,
+                                 agree=lambda flag: asked.append(flag) or len(asked) == 2)
+    for batch in range(3):
+        stop.on_train_batch_end(batch)
+    with pytest.raises(preemption.Preempted, match=r"^Preempted \(SIGTERM to another process of the run\) after "
+                                                   r"step 3: its backup is written$") as stopped:
+        stop.on_train_batch_end(3)
+    assert asked == [False, False] and saved == [True] and not stopped.value.here and request.finished.is_set()
+    assert multihost.any_process(True) is True and multihost.any_process(False) is False
 
 
 @pytest.mark.slow
