@@ -59,6 +59,19 @@ class FaultAtStep(keras.callbacks.Callback):
             self.fault(self.workdir)
 
 
+class FaultAtTrainEnd(keras.callbacks.Callback):
+    """As training ends (before the final evaluation and save), records the checksums of every file in `workdir`
+    (`before`), then makes the fault: `fault(workdir)`."""
+
+    def __init__(self, workdir, fault):
+        super().__init__()
+        self.workdir, self.fault, self.before = workdir, fault, None
+
+    def on_train_end(self, logs=None):
+        self.before = checksums(self.workdir)
+        self.fault(self.workdir)
+
+
 def _train(workdir, callbacks=()) -> dict:
     from keras_vit.training import configs, trainer
     config = configs.apply_overrides(configs.get_config("digits"), OVERRIDES)
@@ -134,3 +147,25 @@ def test_keras_vit_train_on_a_full_disk_ends_in_one_line_and_writes_no_weights(s
                            f"checkpoints in {small_disk}/backup/worker_0: about "), last
     assert "Traceback" not in err
     assert not [name for name in checksums(small_disk) if name.endswith(".h5") or ".partial" in name]
+
+
+@pytest.mark.slow
+def test_a_disk_full_at_the_final_save_stops_in_one_line_and_the_rerun_only_evaluates_and_saves(small_disk):
+    """The disk fills as the last epoch ends: the run's model files are refused before any is begun; the backup of
+    the finished training stays, and once space is freed the same run trains nothing again and saves them."""
+    at_end = FaultAtTrainEnd(small_disk, lambda workdir: fill(workdir, leave=LEFT_FREE))
+    with pytest.raises(OSError) as stopped:
+        _train(small_disk, [at_end])
+    assert re.fullmatch(re.escape(f"[Errno 28] Not enough free space for the run's model files in {small_disk}: "
+                                  "about ") + r"\d+\.\d MiB needed, 0\.\d MiB free\. .*", str(stopped.value)), (
+        str(stopped.value))
+    after = checksums(small_disk)
+    kept = [name for name in at_end.before if not name.startswith("tensorboard/")]
+    assert {name: after.get(name) for name in kept} == {name: at_end.before[name] for name in kept}
+    assert "backup/worker_0/latest.weights.h5" in after and not [
+        name for name in after if name not in at_end.before and not name.startswith("tensorboard/")]
+    os.remove(small_disk / "filler")
+    summary = _train(small_disk)
+    assert summary["optimizer_iterations"] == 9 and os.path.exists(summary["model_path"])
+    log = [json.loads(line) for line in open(small_disk / "train_log.jsonl", encoding="utf-8")]
+    assert log[-1] == {"initial_epoch": 3, "optimizer_iterations": 9}  # nothing left to train
