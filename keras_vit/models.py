@@ -142,7 +142,7 @@ def VisionTransformer(
     file = checkpoint_loader.local_file(weights)  # one read of its header, carried to the loader
     if file is not None and file.layout == naflex_file.LAYOUT:  # SigLIP 2 NaFlex: each image's own patch grid
         given = dict(variant=variant, input_tensor=input_tensor, input_shape=input_shape, **options)
-        return naflex.from_checkpoint(file.path, given=given, pooling=pooling,
+        return naflex.from_checkpoint(file.naflex, given=given, pooling=pooling,
                                       include_preprocessing=include_preprocessing, name=name)
     if file is not None:
         file.check_preprocessing(options, include_preprocessing)

@@ -124,7 +124,7 @@ _UNSUPPORTED = dict(resnet_stages=None, position_embedding="learned", representa
 
 
 def NaFlexViT(config: ViTConfig | None = None, *, position_grid: int | Sequence[int] = 16,
-              weights: str | None = None, include_preprocessing: bool = True,
+              weights: str | naflex_file.NaFlexFile | None = None, include_preprocessing: bool = True,
               image_mean: Sequence[float] = (0.5, 0.5, 0.5), image_std: Sequence[float] = (0.5, 0.5, 0.5),
               name: str = "naflex_vit") -> keras.Model:
     """A NaFlex ViT (SigLIP 2 NaFlex): patch sequences of any grid, padded, to the MAP head's pooled embedding.
@@ -139,8 +139,8 @@ def NaFlexViT(config: ViTConfig | None = None, *, position_grid: int | Sequence[
             with `weights`.
         position_grid: int or (rows, columns), the learned table's grid (`num_patches` = 256: 16). The file's with
             `weights`.
-        weights: optional transformers `Siglip2VisionModel` folder (or its model.safetensors): config, table and
-            normalization from its files.
+        weights: optional transformers `Siglip2VisionModel` folder (or its model.safetensors, or an `hf://` name,
+            or the `NaFlexFile` read from it): config, table and normalization from its files.
         include_preprocessing: bool. The model takes patches of [0, 255] pixels and normalizes them
             ((x / 255 - image_mean) / image_std, the file's processor's); False: normalized patches (transformers'
             `pixel_values`). Defaults to `True`.
@@ -154,7 +154,8 @@ def NaFlexViT(config: ViTConfig | None = None, *, position_grid: int | Sequence[
     Raises:
         ValueError: a config with options NaFlex models do not have, or a file keras_vit cannot read.
     """
-    file = naflex_file.read_naflex_checkpoint(weights) if weights is not None else None
+    file = weights if isinstance(weights, naflex_file.NaFlexFile) or weights is None else (
+        naflex_file.read_naflex_checkpoint(weights))
     if file is not None:
         if config is not None and config != ViTConfig(**file.config):
             raise ValueError(f"`config` differs from that of {file.path!r}: pass one or the other.")
@@ -198,15 +199,15 @@ def NaFlexViT(config: ViTConfig | None = None, *, position_grid: int | Sequence[
     return model
 
 
-def from_checkpoint(weights: str, *, given: dict, pooling: str | None, include_preprocessing: bool,
-                    name: str) -> keras.Model:
+def from_checkpoint(weights: naflex_file.NaFlexFile, *, given: dict, pooling: str | None,
+                    include_preprocessing: bool, name: str) -> keras.Model:
     """`keras_vit.VisionTransformer(weights=<SigLIP 2 NaFlex folder>)`: the file's `NaFlexViT` (headless: its
     pooled embedding and tokens). Arguments of image models (`given`, where not None) are refused by name."""
     refused = [f"{key}={value!r}" for key, value in given.items() if value is not None]
     if pooling not in (None, "map"):
         refused.append(f"pooling={pooling!r}")
     if refused:
-        raise ValueError(f"{weights!r} is a SigLIP 2 NaFlex checkpoint: its model takes patch sequences of each "
+        raise ValueError(f"{weights.path!r} is a SigLIP 2 NaFlex checkpoint: its model takes patch sequences of each "
                          f"image's own grid (keras_vit.naflex.NaFlexViT, inputs from keras_vit.naflex.naflex_inputs) "
                          f"and pools with its MAP head; {', '.join(refused)} does not apply to it.")
     return NaFlexViT(weights=weights, include_preprocessing=include_preprocessing,

@@ -268,10 +268,9 @@ def exact_batches(dataset: tf.data.Dataset, batch_size: int, num_batches: int | 
 class Datasets:
     """This process's training and evaluation datasets, batched by its share of the global batch."""
 
-    train: tf.data.Dataset  # Repeats forever: `model.fit` needs `steps_per_epoch`.
     eval: tf.data.Dataset
     # The training stream after its first n batches (a resumed run's); exact but for RandAugment and MixUp, whose
-    # random state is the process's.
+    # random state is the process's. It repeats forever: `model.fit` needs `steps_per_epoch`.
     train_after: Callable[[int], tf.data.Dataset]
     num_classes: int
     num_train_examples: int | None  # Of all processes.
@@ -279,6 +278,11 @@ class Datasets:
     skipped: int  # Unreadable files left out of both splits (of all processes).
     batch_size: int  # This process's rows of each global batch.
     eval_shard_sizes: list[int] | None = None  # Eval examples of each process; None if unknown.
+
+    @property
+    def train(self) -> tf.data.Dataset:
+        """The training stream from its first batch."""
+        return self.train_after(0)
 
     @property
     def eval_batches(self) -> int | None:
@@ -313,7 +317,7 @@ def make_datasets(config: Config) -> Datasets:
     eval_sizes = multihost.gather_counts(evaluation.num_examples)
     # tf.distribute does not shard the evaluation: every worker runs the same number of steps over all of it
     # (uneven shards would leave one worker waiting in a collective), and the replica means agree.
-    return Datasets(train_after(0), _finish(eval_ds, tf.data.experimental.AutoShardPolicy.OFF), train_after,
+    return Datasets(_finish(eval_ds, tf.data.experimental.AutoShardPolicy.OFF), train_after,
                     train.num_classes, None if train_sizes is None else sum(train_sizes),
                     None if eval_sizes is None else sum(eval_sizes),
                     sum(multihost.gather_counts(train.skipped + evaluation.skipped)), batch_size, eval_sizes)

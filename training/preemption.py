@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from typing import Callable, Iterator
 
 import keras
@@ -44,17 +43,13 @@ class StopRequest:
 
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
-        self.received_at: float | None = None
+        self.requested = False
         self.finished = threading.Event()  # the stop (or the run) is over: the timer does nothing
-
-    @property
-    def requested(self) -> bool:
-        return self.received_at is not None
 
     def receive(self) -> None:
         if self.requested:
             return
-        self.received_at = time.monotonic()
+        self.requested = True
         timer = threading.Timer(self.grace_s, self._expire)
         timer.daemon = True
         timer.start()

@@ -68,11 +68,13 @@ def _stamp(path: str) -> tuple:
     if not os.path.exists(path):
         return ()
     paths = [path, *(os.path.join(path, name) for name in sorted(os.listdir(path)))] if os.path.isdir(path) else [path]
-    return tuple((name, os.stat(name).st_mtime_ns, os.stat(name).st_size) for name in paths)
+    return tuple((name, stat.st_mtime_ns, stat.st_size) for name, stat in ((name, os.stat(name)) for name in paths))
 
 
 @functools.lru_cache(maxsize=2)
 def _read_weights_file(weights: str, stamp: tuple) -> CheckpointFile | None:
+    """`weights` read; `stamp` (`_stamp(weights)`) is not used here but is part of the cache's key, so a file
+    changed since (a new mtime or size) is read again."""
     return checkpoint_loader.local_file(weights)
 
 

@@ -31,12 +31,14 @@ class NaFlexFile:
         config: `ViTConfig` fields (architecture, numerics, `classifier="map"`).
         position_grid: (rows, columns) of the position table (`num_patches` = rows * columns, a square).
         preprocessing: `image_mean`, `image_std`, `max_num_patches` of its processor (empty without one).
+        header: its safetensors header (`naflex_arrays` reads the tensors with it).
     """
 
     path: str
     config: dict[str, Any]
     position_grid: tuple[int, int]
     preprocessing: dict[str, Any]
+    header: dict[str, safetensors_file.TensorInfo] = dataclasses.field(default_factory=dict, repr=False)
 
 
 def _config_of(weights) -> tuple[str, dict] | None:
@@ -79,7 +81,14 @@ def read_naflex_checkpoint(weights: str) -> NaFlexFile:
     if found is None:
         raise ValueError(f"{weights!r} is not a SigLIP 2 checkpoint: its config.json must have model_type "
                          f"{' or '.join(map(repr, MODEL_TYPES))}.")
-    path, config = found
+    return naflex_file_of(found[0], config_files.Beside(found[0]))
+
+
+def naflex_file_of(path: str, files: config_files.Beside) -> NaFlexFile:
+    """`read_naflex_checkpoint` of the weights file `path` whose config.json is a SigLIP 2 one, from the JSON files
+    beside it as `files` has read them (the checkpoint reader's, so that each is read once)."""
+    config = files.config
+    config = config.get("vision_config", config) if config["model_type"] == "siglip2" else config
     origin = os.path.join(os.path.dirname(path), config_files.CONFIG)
     header = safetensors_file.read_header(path) if path.endswith(".safetensors") else None
     if header is None:
@@ -101,16 +110,16 @@ def read_naflex_checkpoint(weights: str) -> NaFlexFile:
     if side * side != position[0]:
         raise ValueError(f"{path!r}: a position table of {position[0]} rows, not a square grid, as "
                          "Siglip2VisionEmbeddings needs.")
-    numerics = config_files.read_hf_config(config_files.Beside(path)) or {}
+    numerics = config_files.read_hf_config(files) or {}
     fields = dict(patch_size=patch_size, hidden_dim=int(patch[0]), mlp_dim=int(config.get("intermediate_size", 0)),
                   num_heads=int(config["num_attention_heads"]), num_layers=int(config["num_hidden_layers"]),
                   classifier="map", layer_norm_epsilon=numerics.get("layer_norm_epsilon", 1e-6),
                   activation=numerics.get("activation", "gelu"),
                   gelu_approximate=numerics.get("gelu_approximate", True))
-    processor = config_files.Beside(path).processor
+    processor = files.processor
     preprocessing = read_processor(processor, os.path.join(os.path.dirname(path), config_files.PROCESSOR),
                                    patch_size) if processor is not None else {}
-    return NaFlexFile(path, fields, (side, side), preprocessing)
+    return NaFlexFile(path, fields, (side, side), preprocessing, header)
 
 
 def read_processor(config: dict, origin: str, patch_size: int) -> dict[str, Any]:
@@ -145,7 +154,7 @@ def read_processor(config: dict, origin: str, patch_size: int) -> dict[str, Any]
 def naflex_arrays(file: NaFlexFile) -> torch_layout.Translation:
     """The file's tensors in the `.npz` layout (`torch_layout.translate` with SigLIP's table): the patch embedding's
     Linear as a (patch * patch * 3, D) Dense kernel, the position table as (1, rows * columns, D)."""
-    tensors = safetensors_file.read_safetensors(file.path)
+    tensors = safetensors_file.read_safetensors(file.path, file.header or None)
     prefix = torch_layout.hf_prefix(tensors)
     linear = tensors.pop(prefix + _PATCH_KEY)
     patch = file.config["patch_size"]

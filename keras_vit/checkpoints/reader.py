@@ -41,6 +41,8 @@ class CheckpointFile:
             (`include_preprocessing=True`) needs the input fields given by hand (`check_preprocessing`).
         declared_size: (height, width) of the images the declared transform produces, or None.
         timm_pooling: the `global_pool` timm's `config.json` gives the model (`"avg"`, `"token"`, `"map"`), or None.
+        naflex: what a SigLIP 2 NaFlex file states (layout `naflex_file.LAYOUT`; `keras_vit.naflex` builds its
+            model), or None.
     """
 
     path: str
@@ -54,6 +56,7 @@ class CheckpointFile:
     declared_size: tuple[int, int] | None = None
     timm_config: Mapping[str, Any] | None = None
     timm_pooling: str | None = None
+    naflex: naflex_file.NaFlexFile | None = None
 
     @property
     def fixed(self) -> dict[str, Any]:
@@ -212,7 +215,7 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
         return CheckpointFile(path, KERAS_WEIGHTS, {})
     files = config_files.Beside(path)  # config.json and preprocessor_config.json, each read once
     if naflex_file.is_naflex_config(files.config):  # SigLIP 2 NaFlex: its own reader and model (`keras_vit.naflex`)
-        return CheckpointFile(path, naflex_file.LAYOUT, {})
+        return CheckpointFile(path, naflex_file.LAYOUT, {}, naflex=naflex_file.naflex_file_of(path, files))
     declared = _declared_input(files)
     if not path.endswith(".safetensors"):
         return CheckpointFile(path, None, npz.read_npz_shapes(path), **declared)

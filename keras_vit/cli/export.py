@@ -162,13 +162,15 @@ def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, si
                      "serves the pooled embedding (serving_default, embed) and with --signatures features the "
                      "tokens.")
     from keras_vit import naflex
+    from keras_vit.checkpoints import naflex_file
     from keras_vit.export import naflex_serving
 
+    file = naflex_file.read_naflex_checkpoint(args.weights)  # read once, for the budget and the model
     budget = args.max_num_patches
     if budget is None:
-        budget = naflex.naflex_file.read_naflex_checkpoint(args.weights).preprocessing.get("max_num_patches", 256)
+        budget = file.preprocessing.get("max_num_patches", 256)
     path = naflex_serving.export_naflex_saved_model(
-        naflex.NaFlexViT(weights=args.weights), args.out, max_num_patches=budget, version=args.version,
+        naflex.NaFlexViT(weights=file), args.out, max_num_patches=budget, version=args.version,
         overwrite=args.overwrite, max_pixels=args.max_pixels, max_batch=args.max_batch, signatures=signatures,
         l2_normalize=args.l2_normalize, serving_kernels=args.serving_kernels)
     names = ", ".join(naflex_serving.signature_names(signatures))

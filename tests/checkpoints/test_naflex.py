@@ -235,3 +235,17 @@ def test_the_command_line_tools_refuse_it_by_name(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"which keras-vit-convert cannot take yet"):
         convert_checkpoint(CASE, str(tmp_path / "model.keras"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_naflex_folder_is_read_once_for_its_model(monkeypatch):
+    """`VisionTransformer(weights=<NaFlex folder>)`: its safetensors header, config.json and processor are read
+    once each, by the checkpoint reader, whose reading the NaFlex model is built from."""
+    from keras_vit.checkpoints import config_files, safetensors_file
+
+    counts = {}
+    for module, name in ((safetensors_file, "read_header"), (config_files, "read_json")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, real=real, name=name, **kwargs: (
+            counts.__setitem__(name, counts.get(name, 0) + 1), real(*args, **kwargs))[1])
+    model = keras_vit.VisionTransformer(weights=CASE)
+    assert counts == {"read_header": 1, "read_json": 2} and model.name == "naflex_vit"
