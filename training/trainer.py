@@ -167,6 +167,9 @@ def state_bytes(model: keras.Model) -> int:
     return variables_bytes(variables, per_variable=4096)
 
 
+MIN_FREE_BYTES = 2 ** 20  # a run's logs, lock and backup config: checked before it writes anything
+
+
 class DiskSpaceGuard(keras.callbacks.Callback):
     """Raises `keras_vit.atomic.DiskSpaceError` before the run's next writes where a disk lacks the room for them
     (the backup, written twice: its copy, then itself; the last and best weights and a MiB for the logs), and
@@ -309,6 +312,9 @@ def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy) -> 
         distribute.keep_tensorflow_on_cpu()
     worker = multihost.process_index()
     outdir = distribute.output_dir(workdir)
+    # Before the run's first file (its folders, lock, logs): a read-only or nearly full disk ends it with nothing
+    # written. The room for the weights is checked before each save (`DiskSpaceGuard`), once the model is built.
+    check_room({workdir: MIN_FREE_BYTES, outdir: MIN_FREE_BYTES}, "the run's files")
     os.makedirs(outdir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)
     datasets = data_lib.make_datasets(config)

@@ -135,18 +135,38 @@ def test_a_backup_folder_made_read_only_mid_run_stops_in_one_line_and_the_rerun_
 
 
 @pytest.mark.slow
-def test_keras_vit_train_on_a_full_disk_ends_in_one_line_and_writes_no_weights(small_disk, capsys):
-    """The disk is full from the start: `keras-vit-train` stops at its first save with one line and exit status 1,
-    before any weights file is begun."""
-    fill(small_disk, leave=256 * 1024)
-    status, _, err = run_train_cli(capsys, "--config=digits", f"--workdir={small_disk}", "--verbose=0",
+@pytest.mark.parametrize("left", [256 * 1024, 2 * 1024 * 1024])
+def test_keras_vit_train_on_a_full_disk_ends_in_one_line_and_writes_no_weights(small_disk, capsys, left):
+    """The disk is full from the start: `keras-vit-train` ends with one line and exit status 1. With less than a
+    MiB left (`trainer.MIN_FREE_BYTES`), before it writes any file; with 2 MiB, at its first save, before any
+    weights file is begun (its logs, lock and backup config are written, whole)."""
+    fill(small_disk, leave=left)
+    status, _, err = run_train_cli(capsys, "--config=digits", f"--workdir={small_disk / 'run'}", "--verbose=0",
                                    *[f"--override={item}" for item in TRAIN_TINY])
     assert status == 1, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("keras-vit-train: error: [Errno 28] Not enough free space for the training backup and "
-                           f"checkpoints in {small_disk}/backup/worker_0: about "), last
+    what = "the run's files in " if left < 2 ** 20 else "the training backup and checkpoints in "
+    where = small_disk / "run" if left < 2 ** 20 else small_disk / "run" / "backup" / "worker_0"
+    assert last.startswith(f"keras-vit-train: error: [Errno 28] Not enough free space for {what}{where}: about "), last
     assert "Traceback" not in err
-    assert not [name for name in checksums(small_disk) if name.endswith(".h5") or ".partial" in name]
+    written = checksums(small_disk)
+    assert not [name for name in written if name.endswith(".h5") or ".partial" in name]
+    assert (written == {}) == (left < 2 ** 20), written  # nothing at all where it was refused at the start
+
+
+@pytest.mark.slow
+def test_keras_vit_train_into_a_read_only_folder_ends_in_one_line_and_writes_nothing(small_disk, capsys):
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    try:
+        status, _, err = run_train_cli(capsys, "--config=digits", f"--workdir={small_disk / 'run'}", "--verbose=0",
+                                       *[f"--override={item}" for item in TRAIN_TINY])
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(small_disk)], check=True)
+    assert (status, err.strip().splitlines()[-1]) == (1, (
+        f"keras-vit-train: error: [Errno 30] Cannot write the run's files in {small_disk / 'run'}: read-only file "
+        "system. Nothing was written and the files there before are whole: make the folder writable (or choose "
+        "another) and run the same command again")), err[-3000:]
+    assert os.listdir(small_disk) == []
 
 
 @pytest.mark.slow
