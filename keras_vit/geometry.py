@@ -85,7 +85,7 @@ def model_geometry(model: keras.Model) -> ModelGeometry:
     input_size = None if height is None or width is None else (int(height), int(width))
     if config is not None:
         stride = (config.stride, config.stride)
-        num_prefix_tokens, class_token = config.num_prefix_tokens, config.classifier == "token"
+        num_prefix_tokens, class_token = config.num_prefix_tokens, config.class_token
     else:
         stride = position.patch_stride or (height // position.grid_size[0], width // position.grid_size[1])
         num_prefix_tokens = sum(layer.num_tokens if isinstance(layer, vit_layers.RegisterTokens) else 1

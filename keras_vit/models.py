@@ -37,8 +37,8 @@ def _validate(*, include_top: bool, pooling: str | None, classes: int, config: V
         hint = " (global average pooling is spelled pooling='avg' here, classifier='gap' in the model)" \
             if pooling == "gap" else ""
         raise ValueError(f"Unknown pooling {pooling!r}. Expected None or one of {POOLINGS}{hint}.")
-    if pooling == "token" and config.classifier != "token" and not include_top:
-        raise ValueError(f"pooling='token' needs a class token, but classifier={config.classifier!r} has none. "
+    if pooling in ("token", "token_avg") and not config.class_token and not include_top:
+        raise ValueError(f"pooling={pooling!r} needs a class token, but classifier={config.classifier!r} has none. "
                          "Use pooling='avg' or classifier='token'.")
     if pooling == "map" and config.classifier != "map" and not include_top:
         raise ValueError(f"pooling='map' is the attention-pooling head of classifier='map'. Received: "
@@ -213,7 +213,7 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
     if config.resnet_stages:
         x = resnet.resnet_stem(x, config.resnet_stages)
     x = vit_layers.PatchEncoder(config.hidden_dim, config.patch_size, use_bias=config.patch_bias, name="embedding")(x)
-    prefix = (config.classifier == "token") + config.distillation_token
+    prefix = config.class_token + config.distillation_token
     embedded_prefix = 0 if config.no_embed_class else prefix  # the prefix tokens the position table covers
     if embedded_prefix:
         x = vit_layers.ClassToken(name="cls")(x)
@@ -250,10 +250,7 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
     if config.classifier == "map" and (include_top or pooling == "map"):
         x = vit_layers.MAPHead(**config.arguments_of(vit_layers.MAPHead), name="MAPHead_0")(x)
     else:
-        method = "avg" if config.fc_norm else "token" if include_top and prefix else pooling or "avg"
-        # Models of 0.2.0 average every token; with the family's options, the patch tokens only (as timm).
-        skipped = config.num_prefix_tokens if config.num_register_tokens or config.fc_norm else 0
-        x = vit_layers.TokenPooling(method, num_prefix_tokens=skipped, name="pool")(x)
+        x = vit_layers.TokenPooling(*_token_pooling(config, include_top, pooling), name="pool")(x)
     if config.fc_norm:
         x = LayerNormalization(epsilon=config.layer_norm_epsilon, name="fc_norm")(x)
     if config.representation_size:
@@ -269,6 +266,21 @@ def _forward(image, config: ViTConfig, *, include_top: bool, pooling: str | None
     if classifier_activation is not None:
         x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
     return x
+
+
+def _token_pooling(config: ViTConfig, include_top: bool, pooling: str | None) -> tuple[str, int]:
+    """The `TokenPooling` method and prefix rows left out of its mean, for the head (`include_top`) or `pooling`."""
+    if config.fc_norm:
+        method = "avg"
+    elif include_top and config.classifier == "token_gap":
+        method = "token_avg"
+    elif include_top and config.class_token + config.distillation_token:
+        method = "token"
+    else:
+        method = pooling or "avg"
+    # Models of 0.2.0 average every token; with the family's options, the patch tokens only (as timm).
+    patches_only = config.num_register_tokens or config.fc_norm or method == "token_avg"
+    return method, config.num_prefix_tokens if patches_only else 0
 
 
 BASE_DOCSTRING = """Builds {paper_name} (arXiv:2010.11929), keras.applications style.
@@ -297,8 +309,9 @@ Args:
         that differs from the file's is the user's choice: the position table is resampled, said in one line.
     pooling: with `include_top=False`: `None` returns the token sequence
         (batch, tokens, {hidden_dim}) after the final norm; `"token"` (class token), `"avg"`
-        (mean of all tokens) or `"map"` (the attention-pooling head of `classifier="map"`) return a
-        vector. Ignored with `include_top=True`. `pooling="avg"` is the same operation as
+        (mean of all tokens), `"token_avg"` ([class token; mean patch token], twice as wide: what DINOv2's
+        and DINOv3's linear classifiers read) or `"map"` (the attention-pooling head of
+        `classifier="map"`) return a vector. Ignored with `include_top=True`. `pooling="avg"` is the same operation as
         `classifier="gap"`: `classifier` says how the model was trained (with or without a class
         token), `pooling` what a backbone returns.
     classes: int. Number of classes of the head. Defaults to `1000`.
@@ -315,9 +328,10 @@ Args:
         (`patch_size`, `hidden_dim`, `mlp_dim`, `num_heads`, `num_layers`, `resnet_stages`) default to the
         variant's row.
     classifier: `"token"` (class token, the paper's default), `"gap"` (global average
-        pooling, no class token) or `"map"` (no class token; multihead attention pooling, `MAPHead`:
-        SigLIP, big_vision). Defaults to `"token"` (in `VisionTransformer`: that of `weights=` a checkpoint
-        file, else `"token"`).
+        pooling, no class token), `"map"` (no class token; multihead attention pooling, `MAPHead`:
+        SigLIP, big_vision) or `"token_gap"` (a class token; the head reads [class token; mean patch
+        token]: DINOv2's ImageNet classifiers, transformers' `Dinov2ForImageClassification`). Defaults
+        to `"token"` (in `VisionTransformer`: that of `weights=` a checkpoint file, else `"token"`).
     representation_size: optional int. Width of a `pre_logits` Dense + tanh layer before the
         head (the ImageNet-21k pre-training head). Defaults to `None`: no such layer, except
         that pretrained weights whose head is loaded (`include_top=True` and the checkpoint's

@@ -272,6 +272,9 @@ def vit_logits(arrays, images, resnet_stages=None, posemb_grid=None, *, eps=1e-6
                     + a["head_dist/bias"]) / 2
         if "MAPHead_0/probe" in a:  # attention pooling over every token (SigLIP: there is no class token)
             x = map_head(a, x, eps, gelu)
+        elif prefix and "head/kernel" in a and a["head/kernel"].shape[0] == 2 * x.shape[-1]:
+            patches = x[:, prefix + (0 if registers is None else registers.shape[1]):]  # DINOv2's classifiers
+            x = np.concatenate([x[:, 0], patches.mean(axis=1)], axis=-1)
         else:
             x = x[:, 0] if prefix else x[:, 0 if registers is None else registers.shape[1]:].mean(axis=1)
     if "pre_logits/kernel" in a:

@@ -47,14 +47,16 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
     units = [tuple(map(int, m.groups())) for key in shapes for m in [re.match(r"block(\d+)/unit(\d+)/conv1/", key)]
              if m]
     stages = tuple(max(u for s, u in units if s == stage) for stage in sorted({s for s, _ in units}))
+    # A head twice the width on a class token reads [class token; mean patch token] (DINOv2's classifiers).
+    token = "token_gap" if tuple(shapes.get("head/kernel", (0,)))[0] == 2 * hidden else "token"
     found = dict(patch_size=patch, hidden_dim=hidden, mlp_dim=paths[_MLP][1], num_heads=paths[_QUERY][1],
                  num_layers=len(blocks), resnet_stages=stages or None,
-                 classifier="token" if "cls" in shapes else "map" if "MAPHead_0/probe" in shapes else "gap",
+                 classifier=token if "cls" in shapes else "map" if "MAPHead_0/probe" in shapes else "gap",
                  representation_size=_width(shapes, "pre_logits/bias"), classes=_width(shapes, "head/bias"))
-    found["options"] = _family_options(shapes, paths, found["classifier"] == "token")
+    found["options"] = _family_options(shapes, paths, "cls" in shapes)
     if npz.POSEMB_KEY in shapes:
         embedded = 0 if found["options"]["no_embed_class"] else (
-            (found["classifier"] == "token") + found["options"]["distillation_token"])
+            ("cls" in shapes) + found["options"]["distillation_token"])
         side = math.isqrt(shapes[npz.POSEMB_KEY][1] - embedded)
         found["image_size"] = side * variants.total_stride(found)
     if num_heads is not None or variant is not None:

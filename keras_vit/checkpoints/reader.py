@@ -160,11 +160,11 @@ class CheckpointFile:
     @property
     def pooling(self) -> str:
         """The `pooling` that returns what the file's model pools without its head: `"token"`, `"avg"` (the
-        classifier `"gap"`) or `"map"`."""
+        classifier `"gap"`), `"map"` or `"token_avg"` (the classifier `"token_gap"`)."""
         classifier = read_architecture(self.shapes, num_heads=1)["classifier"]
         if classifier == "token" and self.timm_pooling == "avg":  # timm's DINOv3: the patch tokens' mean
             return "avg"
-        return {"gap": "avg"}.get(classifier, classifier)
+        return {"gap": "avg", "token_gap": "token_avg"}.get(classifier, classifier)
 
     @property
     def head_classes(self) -> int | None:

@@ -63,7 +63,7 @@ HF_LAYOUTS = (HUGGING_FACE, HF_DINOV2, HF_CLIP, HF_SIGLIP, HF_DINOV3)
 POSITION_RESAMPLING = {**{layout: resample.BICUBIC_ANTIALIAS for layout in TIMM_LAYOUTS},
                        **{layout: resample.BICUBIC for layout in HF_LAYOUTS}}
 # The prefixes of the Hugging Face models' backbone keys (heads such as `classifier.` have none).
-_HF_PREFIXES = ("vit.", "deit.", "dinov2.", "vision_model.")
+_HF_PREFIXES = ("vit.", "deit.", "dinov2.", "dinov2_with_registers.", "vision_model.")
 
 # Each layout's numerics where the file does not say (the model classes' defaults; timm: its ViT's), and DINOv3's
 # rotary positions (`DINOv3ViTConfig`'s defaults).
@@ -129,8 +129,7 @@ _UNSUPPORTED = {
                 (r"blocks\.\d+\.attn\.gate\..*", "gated attention"),
                 (r"patch_embed\.norm\..*", "a patch-embedding norm"),
                 (r"attn_pool\..*", "attention pooling")) for layout in (TIMM_EVA, TIMM_EVA02)},
-    HF_DINOV2: ((r"encoder\.layer\.\d+\.mlp\.weights_in\..*", "the SwiGLU MLP (use_swiglu_ffn)"),
-                (r"classifier\..*", "Dinov2ForImageClassification's head on [class token, mean patch token]")),
+    HF_DINOV2: ((r"encoder\.layer\.\d+\.mlp\.weights_in\..*", "the SwiGLU MLP (use_swiglu_ffn)"),),
     HF_DINOV3: ((r"classifier\..*", "a classifier on a DINOv3 backbone (its head reads [class token, mean patch "
                                     "token])"),),
 }
@@ -355,6 +354,7 @@ _HF_DINOV2_TABLE = (
     *_mlp(_L + ".mlp", _B + "/MlpBlock_3"),
     (_L + ".layer_scale2.lambda1", (_B + "/ls2/scale",), _same),
     *_norm("layernorm", "Transformer/encoder_norm"),
+    *_dense("classifier", "head"),  # (Dinov2|Dinov2WithRegisters)ForImageClassification's, on 2 D inputs
 )
 
 _CL = "encoder.layers.{i}"

@@ -16,7 +16,7 @@ from keras_vit import kernels
 from keras_vit.checkpoints.resample import resize_axis
 from keras_vit.variants import POSITION_EMBEDDINGS, POSITION_RESAMPLINGS
 
-POOLINGS = ("token", "avg")
+POOLINGS = ("token", "avg", "token_avg")
 
 _register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -389,11 +389,14 @@ class TokenPooling(keras.layers.Layer):
     """Pools a token sequence to one vector: `"token"` takes row 0 (the class token), `"distillation"` row 1
     (DeiT's distillation token),
     `"avg"` averages the rows after the first `num_prefix_tokens` (all rows by default: the original's
-    `"gap"` classifier; the patch tokens only with `num_prefix_tokens`, as timm's `global_pool="avg"`).
+    `"gap"` classifier; the patch tokens only with `num_prefix_tokens`, as timm's `global_pool="avg"`),
+    `"token_avg"` concatenates the two, [row 0; mean of the rows after `num_prefix_tokens`] (twice the width: what
+    DINOv2's and DINOv3's linear classifiers read, transformers' `Dinov2ForImageClassification`).
 
     Args:
-        method: str. `"token"`, `"avg"` or `"distillation"`.
-        num_prefix_tokens: int. Rows `"avg"` leaves out (class and register tokens). Defaults to `0`.
+        method: str. `"token"`, `"avg"`, `"token_avg"` or `"distillation"`.
+        num_prefix_tokens: int. Rows `"avg"` and `"token_avg"` leave out of the mean (class and register tokens).
+            Defaults to `0`.
     """
 
     def __init__(self, method: str, num_prefix_tokens: int = 0, **kwargs):
@@ -406,10 +409,12 @@ class TokenPooling(keras.layers.Layer):
     def call(self, tokens):
         if self.method in ("token", "distillation"):
             return tokens[:, 0 if self.method == "token" else 1]
-        return ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
+        mean = ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
+        return ops.concatenate([tokens[:, 0], mean], axis=-1) if self.method == "token_avg" else mean
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[2])
+        width = input_shape[2]
+        return (input_shape[0], 2 * width if self.method == "token_avg" and width is not None else width)
 
     def get_config(self):
         config = super().get_config()

@@ -120,8 +120,8 @@ def hf_patch_tokens(model, inputs) -> np.ndarray:
     through `post_layernorm`, which its `last_hidden_state` has not had), at any input size."""
     import torch
 
-    backbone = next((getattr(model, name) for name in ("vit", "deit", "vision_model") if hasattr(model, name)),
-                    model)
+    backbones = ("vit", "deit", "dinov2", "dinov2_with_registers", "vision_model")
+    backbone = next((getattr(model, name) for name in backbones if hasattr(model, name)), model)
     with torch.no_grad():
         tokens = backbone(pixel_values=inputs, interpolate_pos_encoding=True).last_hidden_state
         if "CLIP" in type(model).__name__:
@@ -530,11 +530,39 @@ def transformers_resize_sizes() -> None:
         json.dump(table, file, separators=(",", ":"))
 
 
+def dinov2_classifier_cases(image: Image.Image) -> None:
+    """transformers' DINOv2 ImageNet classifiers (`Dinov2ForImageClassification`, as the hub's
+    facebook/dinov2-*-imagenet1k-1-layer, and its registers twin): a linear head on [class token; mean patch token]
+    (the registers left out of the mean), under the backbone prefix `dinov2.` / `dinov2_with_registers.`."""
+    import torch
+    from transformers import (BitImageProcessor, Dinov2Config, Dinov2ForImageClassification,
+                              Dinov2WithRegistersConfig, Dinov2WithRegistersForImageClassification)
+
+    torch.manual_seed(1)
+    bicubic = 3
+    hf_case("hf_dinov2_classifier_224", Dinov2ForImageClassification(Dinov2Config(
+        **TINY_DINOV2, image_size=256, patch_size=32, layerscale_value=0.5, num_labels=5)),
+        BitImageProcessor(size={"shortest_edge": 256}, crop_size={"height": 224, "width": 224},
+                          image_mean=MEAN, image_std=STD, resample=bicubic),
+        image, [(256, 192), (320, 320)], "logits", dict(native_size=[224, 224], family="dinov2_classifier"))
+    hf_case("hf_dinov2_registers_classifier_256", Dinov2WithRegistersForImageClassification(
+        Dinov2WithRegistersConfig(**TINY_DINOV2, image_size=256, patch_size=32, num_register_tokens=4,
+                                  layerscale_value=0.5, num_labels=5)),
+        BitImageProcessor(size={"shortest_edge": 292}, crop_size={"height": 256, "width": 256},
+                          image_mean=MEAN, image_std=STD, resample=bicubic),
+        image, [(256, 192), (320, 320)], "logits", dict(native_size=[256, 256],
+                                                        family="dinov2_registers_classifier"))
+
+
 def main() -> None:
     """Every family's files; `python -m tests.data.make_family_files siglip2_naflex` (or `dinov3`, transformers'
-    DINOv3 folders; `timm_eva`, timm's DINOv3 and EVA-02 folders) makes those alone."""
+    DINOv3 folders; `timm_eva`, timm's DINOv3 and EVA-02 folders; `dinov2_classifiers`, transformers' DINOv2
+    classifiers) makes those alone."""
     if sys.argv[1:] == ["timm_eva"]:
         timm_eva_cases()
+        return
+    if sys.argv[1:] == ["dinov2_classifiers"]:
+        dinov2_classifier_cases(photographs()[0])
         return
     if sys.argv[1:] == ["dinov3"]:
         dinov3_cases(photographs())
@@ -545,6 +573,7 @@ def main() -> None:
     photos = photographs()
     image = photos[0]
     transformers_cases(image)
+    dinov2_classifier_cases(image)
     dinov3_cases(photos)
     timm_cases(image)
     timm_eva_cases()

@@ -336,12 +336,13 @@ def test_stochastic_depth_drops_whole_examples():
         keras_vit.StochasticDepth(1.0)
 
 
-@pytest.mark.parametrize("method", ["token", "avg"])
+@pytest.mark.parametrize("method", ["token", "avg", "token_avg"])
 def test_token_pooling(method):
-    layer = keras_vit.TokenPooling(method)
-    out = run_layer_test(layer, (2, 5, 8), (2, 8), train=False)
+    layer = keras_vit.TokenPooling(method, num_prefix_tokens=2 if method == "token_avg" else 0)
+    out = run_layer_test(layer, (2, 5, 8), (2, 16 if method == "token_avg" else 8), train=False)
     x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32")
-    expected = x[:, 0] if method == "token" else x.mean(1)
+    expected = {"token": x[:, 0], "avg": x.mean(1),
+                "token_avg": np.concatenate([x[:, 0], x[:, 2:].mean(1)], axis=-1)}[method]
     np.testing.assert_allclose(out, expected, atol=1e-6)
     with pytest.raises(ValueError, match=r"Unknown pooling 'max'"):
         keras_vit.TokenPooling("max")

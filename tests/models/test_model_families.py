@@ -37,6 +37,9 @@ FAMILIES = {
                                          gelu_approximate=False),
                                     checkpoint=None, gelu=gelu_erf),
     "deit_distilled": Family(dict(TINY_VIT, distillation_token=True), checkpoint=None),
+    # transformers' Dinov2WithRegistersForImageClassification: the head on [class token; mean patch token]
+    "dinov2_registers_classifier": Family(dict(TINY_VIT, classifier="token_gap", layer_scale_init=1e-5,
+                                               num_register_tokens=4), checkpoint=None),
     "fc_norm_avg": Family(dict(TINY_VIT, fc_norm=True, num_register_tokens=2), checkpoint=None),
     "qk_norm_gap": Family(dict(TINY_VIT, qk_norm=True, classifier="gap", num_register_tokens=1), checkpoint=None),
     # DINOv3 H+ / 7B: rotary positions (on a non-square grid), registers, layer scale, the gated SiLU MLP.

@@ -13,7 +13,7 @@ import pytest
 
 import keras_vit
 from keras_vit import _keras_internals, variants
-from tests.testing import TINY_HYBRID, TINY_VIT, randomize
+from tests.testing import TINY_HYBRID, TINY_VIT, randomize, to_numpy
 
 # Exact counts at 224 px with a 1000-class head, from vit_jax/models_test.py.
 PARAM_COUNTS = {
@@ -281,7 +281,7 @@ def test_attention_model_hybrid():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(input_shape=(30, 32, 3)), r"Input height 30 is not divisible by the model's patch stride 8"),
     (dict(input_shape=(32, 36, 3)), r"Input width 36 is not divisible by the model's patch stride 8"),
-    (dict(classifier="cls"), r"Unknown classifier 'cls'. Expected one of \('token', 'gap', 'map'\)"),
+    (dict(classifier="cls"), r"Unknown classifier 'cls'. Expected one of \('token', 'gap', 'map', 'token_gap'\)"),
     (dict(pooling="max", include_top=False), r"Unknown pooling 'max'. Expected None or one of"),
     (dict(position_embedding="alibi"), r"Unknown position_embedding 'alibi'"),
     (dict(classes=0), r"`classes` must be a positive int. Received: classes=0"),
@@ -289,6 +289,7 @@ def test_attention_model_hybrid():
     (dict(input_shape=(32, 32)), r"`input_shape` must be \(height, width, channels\). Received: \(32, 32\)"),
     (dict(input_shape=(32, 32, 0)), r"input has 0 channels; expected a positive number"),
     (dict(classifier="gap", include_top=False, pooling="token"), r"pooling='token' needs a class token"),
+    (dict(classifier="map", include_top=False, pooling="token_avg"), r"pooling='token_avg' needs a class token"),
     (dict(include_top=False, pooling="map"), r"pooling='map' is the attention-pooling head of classifier='map'"),
 ])
 def test_bad_arguments(kwargs, message):
@@ -370,3 +371,20 @@ def test_default_model_has_no_non_trainable_state():
     assert not tiny().non_trainable_variables
     with_drop_path = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), classes=10, drop_path_rate=0.1)
     assert any("seed_generator" in v.path for v in with_drop_path.non_trainable_variables)
+
+
+def test_token_avg_pooling_is_the_class_token_beside_the_patch_mean_and_a_token_gap_head_reads_it():
+    """`pooling="token_avg"`: [class token; mean of the patch tokens, registers left out], 2 D wide (the features
+    DINOv2's and DINOv3's linear classifiers read); `classifier="token_gap"` puts the head on it."""
+    config = dict(TINY_VIT, input_shape=(32, 32, 3), num_register_tokens=2, weights=None)
+    tokens = keras_vit.VisionTransformer(**config, include_top=False)
+    pooled = keras_vit.VisionTransformer(**config, include_top=False, pooling="token_avg")
+    pooled.set_weights(tokens.get_weights())
+    x = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3)).astype("float32")
+    sequence = to_numpy(tokens(x))
+    np.testing.assert_allclose(to_numpy(pooled(x)), np.concatenate([sequence[:, 0], sequence[:, 3:].mean(1)], -1),
+                               atol=1e-6)
+    classifier = keras_vit.VisionTransformer(**dict(config, classifier="token_gap"), classes=3,
+                                             classifier_activation=None)
+    assert classifier.get_layer("head").kernel.shape == (2 * TINY_VIT["hidden_dim"], 3)
+    assert classifier.vit_config.num_prefix_tokens == 3 and classifier.vit_config.class_token
