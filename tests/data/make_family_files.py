@@ -501,11 +501,11 @@ def timm_eva_cases() -> None:
     # EVA-02 Ti / S form: packed SwiGLU MLP, fused query/key/value with query and value biases, positions in patches
     # of the 16 x 16 grid at an 8 x 8 one; a head on the patch tokens' mean after fc_norm.
     timm_eva_case("timm_eva02_112", timm, photos, "eva02_tiny_patch14_224",
-                  dict(tiny, num_classes=5, dynamic_img_size=True), 112, 0.9, [(126, 98), (168, 168)], "eva02")
+                  dict(tiny, num_classes=5, dynamic_img_size=True), 112, 0.9, [(126, 98), (224, 224)], "eva02")
     # EVA-02 B / L form: separate query/key/value (no key bias), split SwiGLU MLP with its hidden-layer norm; the
     # tower (no head): the patch tokens' mean after fc_norm. Its entry point's transform squashes (crop_mode).
     timm_eva_case("timm_eva02_mlp_norm_126", timm, photos, "eva02_base_patch14_448",
-                  dict(tiny, num_classes=0, dynamic_img_size=True), 126, 1.0, [(140, 98), (182, 182)], "eva02")
+                  dict(tiny, num_classes=0, dynamic_img_size=True), 126, 1.0, [(140, 98), (224, 224)], "eva02")
 
 
 CROPS = (224, 256, 336, 384, 448, 518)
