@@ -1,13 +1,12 @@
-"""A digits training run that SIGKILLs or SIGTERMs itself once, for the crash-safe resume tests (TensorFlow and JAX):
+"""A digits training run that SIGKILLs itself once, for the crash-safe resume tests (TensorFlow and JAX):
 
     python -m tests.killable_run WORKDIR KILL_AT STRATEGY [OVERRIDE ...]
 
 With Keras' KERAS_DISTRIBUTION_* variables set (KERAS_BACKEND=jax), the process first joins the run's other
 processes (`multihost.initialize`; heartbeat timeout: $HEARTBEAT_TIMEOUT_S, default 10 s). Trains
 `configs.get_config("digits")` with the overrides under `distribute.get_strategy(STRATEGY)`; the process kills
-itself as optimizer step KILL_AT begins (`term@N`: sends itself a SIGTERM as step N begins), on its first run in
-WORKDIR only (-1: never). Prints `REPORT: <the run's summary as JSON>`, or after a SIGTERM's stop (to it or to
-another process of the run) `PREEMPTED: {"step": ..., "here": ...}` and exits with `preemption.EXIT_STATUS`.
+itself as optimizer step KILL_AT begins, on its first run in WORKDIR only (-1: never). Prints
+`REPORT: <the run's summary as JSON>`. `SignalOnce` sends another signal too (the 2-process SIGTERM test's).
 """
 
 import json
@@ -17,7 +16,7 @@ import sys
 
 import keras
 
-from keras_vit.training import configs, distribute, multihost, preemption, trainer
+from keras_vit.training import configs, distribute, multihost, trainer
 
 
 class SignalOnce(keras.callbacks.Callback):
@@ -39,14 +38,8 @@ if __name__ == "__main__":
     if cluster.given:
         multihost.initialize(cluster, join_timeout_s=60,
                              heartbeat_timeout_s=int(os.environ.get("HEARTBEAT_TIMEOUT_S", "10")))
-    terminate = kill_at.startswith("term@")
-    signum, step = (signal.SIGTERM, int(kill_at[5:])) if terminate else (signal.SIGKILL, int(kill_at))
-    marker = os.path.join(workdir, f"{'termed' if terminate else 'killed'}_worker_{multihost.process_index()}")
+    marker = os.path.join(workdir, f"killed_worker_{multihost.process_index()}")
     config = configs.apply_overrides(configs.get_config("digits"), overrides)
-    try:
-        summary = trainer.train_and_evaluate(config, workdir, strategy=distribute.get_strategy(strategy),
-                                             callbacks=[SignalOnce(step, signum, marker)], verbose=0)
-    except preemption.Preempted as stop:
-        print("PREEMPTED:", json.dumps({"step": stop.step, "here": stop.here}), flush=True)
-        sys.exit(preemption.EXIT_STATUS)
+    summary = trainer.train_and_evaluate(config, workdir, strategy=distribute.get_strategy(strategy),
+                                         callbacks=[SignalOnce(int(kill_at), signal.SIGKILL, marker)], verbose=0)
     print("REPORT:", json.dumps(summary))
