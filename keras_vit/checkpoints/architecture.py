@@ -47,8 +47,10 @@ def read_architecture(shapes: Mapping[str, Sequence[int]], *, variant: str | Non
     units = [tuple(map(int, m.groups())) for key in shapes for m in [re.match(r"block(\d+)/unit(\d+)/conv1/", key)]
              if m]
     stages = tuple(max(u for s, u in units if s == stage) for stage in sorted({s for s, _ in units}))
-    # A head twice the width on a class token reads [class token; mean patch token] (DINOv2's classifiers).
-    token = "token_gap" if tuple(shapes.get("head/kernel", (0,)))[0] == 2 * hidden else "token"
+    # A head twice the width on a class token, with no pre-logits layer between, reads [class token; mean patch
+    # token] (DINOv2's classifiers).
+    wide_head = tuple(shapes.get("head/kernel", (0,)))[0] == 2 * hidden and "pre_logits/kernel" not in shapes
+    token = "token_gap" if wide_head else "token"
     found = dict(patch_size=patch, hidden_dim=hidden, mlp_dim=paths[_MLP][1], num_heads=paths[_QUERY][1],
                  num_layers=len(blocks), resnet_stages=stages or None,
                  classifier=token if "cls" in shapes else "map" if "MAPHead_0/probe" in shapes else "gap",

@@ -464,3 +464,14 @@ def test_architecture_comes_from_the_file(vit_file, hybrid_file, tmp_path):
     timm_file = save_safetensors(timm_state_dict(), tmp_path / "tiny_timm.safetensors")
     with pytest.raises(ValueError, match=r"heads is not stored in the weights: give the variant \(or the number"):
         keras_vit.VisionTransformer(weights=timm_file, input_shape=(32, 32, 3), classes=10)
+
+
+def test_a_head_twice_the_width_reads_the_token_and_patch_mean_unless_pre_logits_come_between():
+    """The classifier a file's shapes show: a head on 2 D inputs after a class token is `"token_gap"` (DINOv2's
+    classifiers); the same head width after a pre-logits layer of 2 D is the class token's (`"token"`)."""
+    from keras_vit.checkpoints.architecture import read_architecture
+    hidden = TINY_VIT["hidden_dim"]
+    shapes = {key: value.shape for key, value in vit_checkpoint(representation_size=2 * hidden).items()}
+    assert read_architecture(shapes, num_heads=3)["classifier"] == "token"
+    del shapes["pre_logits/kernel"], shapes["pre_logits/bias"]
+    assert read_architecture(shapes, num_heads=3)["classifier"] == "token_gap"
