@@ -73,8 +73,6 @@ def _named_if_not_writable(folder: str, what: str) -> Iterator[None]:
     """Turns the system's "read-only file system: <hidden partial path>" into `NotWritableError` naming `what`."""
     try:
         yield
-    except NotWritableError:
-        raise
     except OSError as error:
         if error.errno not in NOT_WRITABLE:
             raise

@@ -303,17 +303,27 @@ def broadcast_from_process_0(values: list, strategy=None) -> list[np.ndarray]:
         return [np.asarray(v) for v in multihost_utils.broadcast_one_to_all([np.asarray(v) for v in values])]
     import tensorflow as tf
 
-    strategy = strategy or tf.distribute.get_strategy()
     tensors = [tf.convert_to_tensor(v) for v in values]
+
+    def share(context):
+        first = tf.equal(context.replica_id_in_sync_group, 0)
+        return [tf.where(first, tf.cast(t, tf.float64), tf.zeros_like(t, tf.float64)) for t in tensors]
+
+    return [tf.cast(total, t.dtype).numpy() for total, t in zip(_tf_replica_sum(share, strategy), tensors)]
+
+
+def _tf_replica_sum(share, strategy=None) -> list:
+    """The all-reduce sum over every replica of the tf.distribute `strategy` (default: the current one) of
+    `share(replica_context)`, a list of tensors each replica contributes; this process's copy of the sums."""
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
 
     def replica_fn():
         context = tf.distribute.get_replica_context()
-        first = tf.equal(context.replica_id_in_sync_group, 0)
-        shares = [tf.where(first, tf.cast(t, tf.float64), tf.zeros_like(t, tf.float64)) for t in tensors]
-        return context.all_reduce(tf.distribute.ReduceOp.SUM, shares)
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, share(context))
 
-    summed = strategy.experimental_local_results(strategy.run(replica_fn))[0]
-    return [tf.cast(total, t.dtype).numpy() for total, t in zip(summed, tensors)]
+    return strategy.experimental_local_results(strategy.run(replica_fn))[0]
 
 
 def any_process(flag: bool, strategy=None) -> bool:
@@ -328,12 +338,8 @@ def any_process(flag: bool, strategy=None) -> bool:
         return bool(np.asarray(multihost_utils.process_allgather(np.array(int(flag), np.int32))).any())
     import tensorflow as tf
 
-    strategy = strategy or tf.distribute.get_strategy()
-
-    def replica_fn():
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(int(flag)))
-
-    return bool(strategy.experimental_local_results(strategy.run(replica_fn))[0].numpy() > 0)
+    (total,) = _tf_replica_sum(lambda context: [tf.constant(int(flag))], strategy)
+    return bool(total.numpy() > 0)
 
 
 def gather_counts(count: int | None) -> list[int] | None:
