@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     args = parser.parse_args(argv)
-    selected = [case for case in cases_lib.FULL_CASES if case.name in args.cases.split(",")]
+    names = tuple(args.cases.split(","))
+    unknown = sorted(set(names) - set(cases_lib.case_names()))
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}. Expected some of {', '.join(cases_lib.case_names())}")
+    selected = [case for case in cases_lib.cases(False, named=names) if case.name in names]
     cpu, isa = _cpu()
     print(f"CPU: {cpu}; ISA: {', '.join(isa)}; {args.threads} threads; {args.rounds} rounds, trees interleaved")
     samples = {(case.name, tree): [] for case in selected for tree in (args.before, args.after)}

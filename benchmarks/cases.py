@@ -67,6 +67,13 @@ FULL_CASES = (
     Case("startup", "startup", "B/16", 1, "float32", 0, 1),
 )
 
+# On the CPU, run when named (`--cases`): training in bfloat16 (`mixed_bfloat16`; timm: autocast) and ViT-B/16
+# training, the rows of a bfloat16 table beside `train_fp32_bs32`.
+TRAINING_CASES = (
+    Case("train_bf16_bs32", "train", "Ti/16", 32, "bfloat16", 3, 10),
+    Case("train_b16_fp32_bs8", "train", "B/16", 8, "float32", 2, 5),
+    Case("train_b16_bf16_bs8", "train", "B/16", 8, "bfloat16", 2, 5),
+)
 
 # On a GPU (`--gpu`): larger batches, and ViT-B/16 training too.
 GPU_CASES = (
@@ -78,12 +85,18 @@ GPU_CASES = (
 )
 
 
-def cases(quick: bool, gpu: bool = False) -> list[Case]:
-    """The full cases (GPU ones with `gpu`), or with `quick` the same cases on the tiny model with
-    at most 1 warm-up and 3 timed steps."""
+def cases(quick: bool, gpu: bool = False, named: tuple[str, ...] = ()) -> list[Case]:
+    """The full cases (GPU ones with `gpu`) and the CPU training cases among `named` (`TRAINING_CASES`), or with
+    `quick` the same cases on the tiny model with at most 1 warm-up and 3 timed steps."""
     if gpu:
         return list(GPU_CASES)
+    full = [*FULL_CASES, *(case for case in TRAINING_CASES if case.name in named)]
     if not quick:
-        return list(FULL_CASES)
+        return full
     return [dataclasses.replace(case, arch="tiny", warmup=min(case.warmup, 1), iters=min(case.iters, 3))
-            for case in FULL_CASES]
+            for case in full]
+
+
+def case_names(gpu: bool = False) -> list[str]:
+    """Every case `--cases` may name."""
+    return [case.name for case in (GPU_CASES if gpu else (*FULL_CASES, *TRAINING_CASES))]

@@ -117,7 +117,12 @@ def _machine(threads: int, quick: bool, timeout: float, measure: bool = True, gp
 def run(quick: bool, rounds: int, threads: int, impls: list[str], case_names: list[str] | None,
         gpu: bool = False) -> dict:
     timeout = 180 if quick else 1200
-    selected = [c for c in cases_lib.cases(quick, gpu) if not case_names or c.name in case_names]
+    unknown = sorted(set(case_names or ()) - set(cases_lib.case_names(gpu)))
+    if unknown:
+        raise SystemExit(f"benchmarks.run: unknown case(s) {', '.join(unknown)}. Expected some of "
+                         f"{', '.join(cases_lib.case_names(gpu))}{' (with --gpu)' if gpu else ''}.")
+    selected = [c for c in cases_lib.cases(quick, gpu, tuple(case_names or ())) if not case_names
+                or c.name in case_names]
     present = [i for i in impls if available(i)]
     skipped = {i: f"not installed: {INSTALL_HINT.get(i, '')}" for i in impls if i not in present}
     samples: dict[tuple[str, str], dict] = {}

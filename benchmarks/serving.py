@@ -1,6 +1,6 @@
 """TF Serving SavedModels of keras_vit and keras-hub, timed as TF Serving runs them, on oneDNN and on Eigen.
 
-    python -m benchmarks.serving [--arch B/16] [--batches 1,16] [--rounds 3] [--runs 5] [--profile]
+    python -m benchmarks.serving [--arch B/16] [--batches 1,16] [--rounds 3] [--runs 5] [--profile] [--bfloat16]
 
 keras_vit's is `keras_vit.export.saved_model.export_saved_model` (its `serving_default`: float pixels in, the
 resize, preprocessing, model and top-k out), written twice: for oneDNN (`serving_kernels="onednn"`, the default)
@@ -11,7 +11,10 @@ through TF1's loader (`tf.compat.v1.saved_model.loader.load` in a Session, as TF
 process, with `TF_ENABLE_ONEDNN_OPTS=1` (oneDNN) or `=0` (Eigen, the default of AVX2 builds); the processes are
 interleaved over `--rounds` rounds and each times `--runs` requests per batch size after one warm-up. Prints the median
 milliseconds per request and keras_vit's speed over keras-hub's. `--profile` also prints the op types that take
-the most time in one traced bs16 request of each (TF1's RunMetadata step stats).
+the most time in one traced bs16 request of each (TF1's RunMetadata step stats). `--bfloat16` adds keras_vit's
+bfloat16 export (`precision="bfloat16"`, `keras_vit_bf16`), timed on oneDNN (TensorFlow's bfloat16 kernels), against
+its float32 export and keras-hub's; its agreement with float32 on photographs, the export's own check, is printed
+(random weights, whose 1000 logits nearly tie: not gated).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 RESULT_PREFIX = "SERVING_RESULT "
 BACKENDS = {"oneDNN": "1", "Eigen": "0"}
 IMPLS = {"keras_vit": "onednn", "keras_vit_eigen": "eigen", "keras_hub": None}  # keras_vit's serving_kernels
+BFLOAT16 = "keras_vit_bf16"  # with --bfloat16: the oneDNN export in bfloat16, timed on oneDNN
 MATCHING = {"oneDNN": "keras_vit", "Eigen": "keras_vit_eigen"}  # the export a user makes for each server
 
 
@@ -36,14 +40,24 @@ def export(impl: str, arch: str, out_dir: str) -> str:
     """Writes `impl`'s SavedModel of `arch` (random weights) to `out_dir`; returns its path."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
+    import numpy as np
 
     from benchmarks import worker
     keras.utils.set_random_seed(0)
-    if IMPLS[impl]:
+    if impl == BFLOAT16 or IMPLS[impl]:
         from keras_vit.export import saved_model
         model = worker._keras_vit_model(arch, train=False, served=True)
-        return str(saved_model.export_saved_model(model, os.path.join(out_dir, impl), version=1,
-                                                  serving_kernels=IMPLS[impl]))
+        head = model.get_layer("head")  # random, as the encoder: the bfloat16 check then compares distinct logits
+        head.kernel.assign(np.random.default_rng(0).normal(0, 0.02, head.kernel.shape).astype("float32"))
+        path = saved_model.export_saved_model(model, os.path.join(out_dir, impl), version=1,
+                                              serving_kernels=IMPLS.get(impl, "onednn"),
+                                              precision="bfloat16" if impl == BFLOAT16 else "float32",
+                                              max_top1_drop=100.0)  # random weights: reported, not gated
+        check = saved_model.read_metadata(path)["precision_check"]
+        if check:
+            print(f"{impl}: against float32 on {check['images']} photographs, top-1 agreement "
+                  f"{100 * check['top1_agreement']:.1f}%, max relative difference {check['max_relative_diff']:.1e}")
+        return str(path)
     model = worker.KERAS_BUILDERS["keras_hub"](arch, train=False)
     path = os.path.join(out_dir, impl, "1")
     model.export(path, verbose=False)
@@ -94,6 +108,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--bfloat16", action="store_true", help="also keras_vit's bfloat16 export, on oneDNN")
     parser.add_argument("--serve", nargs=2, metavar=("PATH", "BATCHES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -103,11 +118,13 @@ def main() -> None:
     from benchmarks.run import _cpu
     print(f"CPU: {_cpu()}")
     out = tempfile.mkdtemp(prefix="serving_bench_")
-    paths = {impl: export(impl, args.arch, out) for impl in IMPLS}
+    paths = {impl: export(impl, args.arch, out) for impl in [*IMPLS, *([BFLOAT16] if args.bfloat16 else [])]}
     times = collections.defaultdict(list)
     for round_index in range(args.rounds):
         for backend, flag in BACKENDS.items():
             for impl, path in paths.items():
+                if impl == BFLOAT16 and backend != "oneDNN":
+                    continue
                 env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=flag, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
                 command = [sys.executable, "-m", "benchmarks.serving", "--serve", path, args.batches,
                            "--runs", str(args.runs)] + (["--profile"] if args.profile and round_index == 0 else [])
@@ -133,6 +150,14 @@ def main() -> None:
             print(f"| {backend} | {batch} | {ms['keras_vit']:.1f} | {ms['keras_vit_eigen']:.1f} | "
                   f"{ms['keras_hub']:.1f} | {ms['keras_hub'] / ms[MATCHING[backend]]:.3f}x | "
                   f"{ms['keras_hub'] / ms[other]:.3f}x |")
+    if args.bfloat16:
+        print("\n| backend | batch | keras_vit bfloat16 (ms) | keras_vit float32 (ms) | keras-hub (ms) | "
+              "bfloat16 / float32 | bfloat16 / keras-hub |\n|---|---:|---:|---:|---:|---:|---:|")
+        for batch in args.batches.split(","):
+            ms = {impl: statistics.median(times["oneDNN", impl, batch])
+                  for impl in (BFLOAT16, "keras_vit", "keras_hub")}
+            print(f"| oneDNN | {batch} | {ms[BFLOAT16]:.1f} | {ms['keras_vit']:.1f} | {ms['keras_hub']:.1f} | "
+                  f"{ms['keras_vit'] / ms[BFLOAT16]:.3f}x | {ms['keras_hub'] / ms[BFLOAT16]:.3f}x |")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from keras_vit import image_io
 from keras_vit.atomic import DiskSpaceError, atomic_write, check_room, variables_bytes
 
 from . import model_io, serving
+from . import precision as precisions
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 METADATA_FILE = os.path.join("assets.extra", "keras_vit_export.json")
@@ -59,7 +60,9 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
                        max_pixels: int = serving.DEFAULT_MAX_PIXELS,
                        max_batch: int = serving.DEFAULT_MAX_BATCH, signatures: Sequence[str] = (),
                        feature_blocks: Sequence[int] = (-1,), embedding: str = "pooled",
-                       l2_normalize: bool = False, serving_kernels: str = "onednn") -> Path:
+                       l2_normalize: bool = False, serving_kernels: str = "onednn", precision: str = "float32",
+                       check_images: np.ndarray | None = None,
+                       max_top1_drop: float = precisions.DEFAULT_MAX_TOP1_DROP) -> Path:
     """Writes `base_dir/<version>/` (SavedModel, warmup requests, metadata) atomically; returns its path.
 
     Args:
@@ -84,16 +87,35 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
             `"eigen"`: AVX2-only CPUs, ARM, `TF_ENABLE_ONEDNN_OPTS=0`; the GELU in fewer ops, the attention head
             by head, and a request's images run in groups (`serving.image_group_size`). The outputs are the same
             (to 1e-5); either runs anywhere, only slower on the other kernels.
+        precision: `"float32"` (the default), `"bfloat16"` (the model's weights and layers in bfloat16, but its
+            pixel normalization and classifier outputs: `export.precision.bfloat16_model`; inputs and outputs stay
+            float32), or `"auto"` (bfloat16 where this machine's CPU has AVX512-BF16 or AMX, else float32).
+        check_images: for bfloat16, (N, H, W, 3) pixels in [0, 255] at the model's size on which it is checked
+            against the float32 model. Defaults to `precision.CHECK_PHOTOS` crops of real photographs.
+        max_top1_drop: for bfloat16, the most points of top-1 agreement with the float32 model it may lose;
+            past it `precision.Top1DropError` is raised and nothing is written. Defaults to 1.
 
     A model built for any input size (`input_shape=(None, None, 3)`) is exported so: `serving_default` takes
     images at their own size, height and width multiples of its patch stride (`serving.serving_archive`).
 
     The limits, image size (`serving_bytes`' size, and the warmup's), formats, the preprocessing served (mean,
     std, resize, crop, interpolation), for a model of any input size its patch stride (`any_size_stride`, else
-    null), `serving_kernels` and `image_group` (the images run at a time; null: the whole request) are recorded in
+    null), `serving_kernels`, `image_group` (the images run at a time; null: the whole request) and the `precision`
+    (why it was chosen, and for bfloat16 its check against float32) are recorded in
     `assets.extra/keras_vit_export.json`.
     """
     base, version, target = version_folder(base_dir, version, overwrite)
+    dtype, chosen = precisions.resolve(precision)
+    precision_check = None
+    if dtype == "bfloat16":
+        twin = precisions.bfloat16_model(model)
+        if check_images is None:
+            from . import data
+            check_images = data.photos(model_io.image_size(model), count=precisions.CHECK_PHOTOS)
+        precision_check = precisions.check(model, twin, check_images, max_top1_drop)
+        if precision_check["refused"]:
+            raise precisions.Top1DropError(precisions.refusal(precision_check))
+        model = twin
     archive = serving.serving_archive(model, top_k=top_k, class_names=class_names, max_pixels=max_pixels,
                                       max_batch=max_batch, signatures=signatures, feature_blocks=feature_blocks,
                                       embedding=embedding, l2_normalize=l2_normalize,
@@ -105,7 +127,8 @@ def export_saved_model(model: keras.Model, base_dir: str | os.PathLike, *, versi
                 "image_group": serving.image_group_size(model, max_batch, serving_kernels),
                 "image_formats": list(image_io.FORMATS),
                 "signatures": ["serving_default", serving.BYTES_SIGNATURE, *signatures],
-                "preprocessing": model_io.preprocessing_config(model).to_dict()}
+                "preprocessing": model_io.preprocessing_config(model).to_dict(),
+                "precision": dtype, "precision_chosen": chosen, "precision_check": precision_check}
     # At least the variables, which the SavedModel holds once (the graph and the warmup requests come on top).
     check_room({str(base): variables_bytes(model.weights)}, f"SavedModel version {version}")
     try:

@@ -228,7 +228,7 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
     def traced_for_the_server(endpoint: Callable[[tf.Tensor], dict]) -> Callable[[tf.Tensor], dict]:
         def traced(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
             with kernels.served_on(serving_kernels):  # whenever TensorFlow traces it (at write_out)
-                return endpoint(inputs)
+                return _float32_outputs(endpoint(inputs))
         return traced
 
     archive = model_io.export_archive(pixel_logits if has_head else pixel_embedding,
@@ -242,6 +242,12 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
         endpoint = _bytes_endpoint(views[name], finish, size, transform, max_pixels, max_batch, group)
         archive.add_endpoint(name, traced_for_the_server(endpoint), input_signature=bytes_spec)
     return archive
+
+
+def _float32_outputs(outputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """A bfloat16 model's outputs (an embedding, feature maps, a rollout) as float32, as a float32 model's."""
+    return {name: tf.cast(value, tf.float32) if value.dtype == tf.bfloat16 else value
+            for name, value in outputs.items()}
 
 
 def _bytes_endpoint(view: keras.Model, finish, size: tuple[int, int], transform: dict, max_pixels: int,

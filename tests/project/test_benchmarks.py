@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import ab, cases, matmul_floor, run, serving, torchvision_stub, worker
+from keras_vit.export import saved_model
 from tests.testing import needs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,6 +155,19 @@ def test_forward_flops_count_every_matmul_of_the_tiny_model():
     assert cases.case_flops(train) == 3 * train.batch * 2 * macs
 
 
+def test_training_cases_run_when_named_and_an_unknown_case_is_named_with_the_choices(capsys):
+    assert not {case.name for case in cases.TRAINING_CASES} & {case.name for case in cases.cases(quick=False)}
+    named = cases.cases(quick=True, named=("train_b16_bf16_bs8",))
+    assert [case.name for case in named[-1:]] == ["train_b16_bf16_bs8"] and named[-1].arch == "tiny"
+    assert (named[-1].kind, named[-1].dtype) == ("train", "bfloat16")
+    with pytest.raises(SystemExit, match=r"benchmarks.run: unknown case\(s\) train_bf16. Expected some of "
+                       r"infer_fp32_bs1, .*train_bf16_bs32, train_b16_fp32_bs8, train_b16_bf16_bs8."):
+        run.run(True, 1, 1, ["keras_vit"], ["train_bf16"])
+    with pytest.raises(SystemExit):
+        ab.main(["/nowhere", "/nowhere", "--cases", "infer_fp32_bs1,nope"])
+    assert "unknown case(s) nope. Expected some of infer_fp32_bs1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("arch", sorted(cases.ARCHS))
 def test_forward_matmuls_are_every_flop_of_the_forward(arch):
     for batch in (1, 3):
@@ -224,6 +238,14 @@ def test_serving_benchmark_loads_keras_vit_savedmodel_as_tf_serving_does(tmp_pat
     result = serving.serve(path, [1, 2], runs=1, profile=True)
     assert sorted(result) == ["1", "2", "profile_ms"] and result["1"] > 0 and result["2"] > 0
     assert any("MatMul" in op for op in result["profile_ms"]), result["profile_ms"]
+
+
+def test_serving_benchmark_exports_the_bfloat16_model_checked_against_float32(tmp_path, capsys):
+    path = serving.export(serving.BFLOAT16, "tiny", str(tmp_path))
+    metadata = saved_model.read_metadata(path)
+    assert metadata["precision"] == "bfloat16" and metadata["precision_check"]["min_cosine"] > 0.99
+    assert f"{serving.BFLOAT16}: against float32 on 128 photographs, top-1 agreement" in capsys.readouterr().out
+    assert serving.serve(path, [1], runs=1, profile=False)["1"] > 0
 
 
 @pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 1.0])

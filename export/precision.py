@@ -1,0 +1,120 @@
+"""The precision a served model computes in: float32, or bfloat16 where the serving CPU runs it natively.
+
+    keras-vit-export --weights B/16 --out /models/vit --precision bfloat16   # or auto: this machine's CPU decides
+
+A bfloat16 SavedModel is the same model with its weights stored and its layers computing in bfloat16
+(`bfloat16_model`), except the pixel normalization and the classifier's outputs (`FLOAT32_LAYERS`); its
+signatures take and return float32 as the float32 export does. Before anything is written it is checked against
+the float32 model on real photographs (`check`): its top-1 agreement, and refused past `max_top1_drop` points, as
+the int8 LiteRT files are. On CPUs with AVX512-BF16 or AMX (`keras_vit.kernels.Capabilities.native_bfloat16`)
+TensorFlow's oneDNN runs its matmuls at about twice the float32 rate; elsewhere bfloat16 is emulated and slower
+than float32, which `auto` then keeps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+
+from keras_vit import kernels
+
+from . import model_io
+
+PRECISIONS = ("float32", "bfloat16", "auto")
+# Left in float32 in a bfloat16 model: the normalization of [0, 255] pixels (bfloat16 holds 8 significant bits)
+# and the classifier's outputs, which the builders pin to float32 (`keras_vit.models._forward`).
+FLOAT32_LAYERS = ("preprocessing", "head", "head_dist", "head_average", "predictions")
+DEFAULT_MAX_TOP1_DROP = 1.0  # points of top-1 agreement with the float32 model a bfloat16 export may lose
+CHECK_PHOTOS = 128  # crops of real photographs the bfloat16 model is checked on (one is 0.78 points of top-1)
+
+
+class Top1DropError(ValueError):
+    """The bfloat16 model disagrees with the float32 one on more images than allowed: nothing was written."""
+
+
+def resolve(precision: str) -> tuple[str, str]:
+    """(`"float32"` or `"bfloat16"`, why): `auto` is bfloat16 where this machine's CPU computes bfloat16 natively
+    (AVX512-BF16 or AMX), float32 elsewhere (on an accelerator too: a SavedModel for TF Serving runs on CPUs)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown precision {precision!r}. Expected one of {', '.join(PRECISIONS)}.")
+    if precision != "auto":
+        return precision, "asked for"
+    flags = kernels.cpu_flags()
+    native = sorted({"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}[flag] for flag in
+                    flags & {"avx512_bf16", "amx_bf16"})
+    if native:
+        return "bfloat16", f"auto: this CPU has {' and '.join(native)}"
+    return "float32", "auto: this CPU has no native bfloat16 (no AVX512-BF16 or AMX)"
+
+
+def bfloat16_model(model: keras.Model) -> keras.Model:
+    """`model` rebuilt with every layer's weights and computation in bfloat16 (Keras' `"bfloat16"` dtype policy),
+    but `FLOAT32_LAYERS` and layers of another policy (a quantized layer), its weights those of `model` rounded to
+    bfloat16. A functional model (a keras_vit builder's, or a model around one) only."""
+    if not isinstance(model, keras.Model) or not hasattr(model, "_nodes_by_depth"):
+        raise ValueError(f"Expected a functional keras.Model (a keras_vit builder's model). Received {model!r}.")
+    config = keras.saving.serialize_keras_object(model)
+    _to_bfloat16(config)
+    twin = keras.saving.deserialize_keras_object(config)
+    twin.set_weights([np.asarray(keras.ops.convert_to_numpy(weight)) for weight in model.weights])
+    return twin
+
+
+def _to_bfloat16(layer_config: dict) -> None:
+    """Sets the dtype policy of a serialized layer, and of the layers of a serialized functional model in it."""
+    config = layer_config.get("config", {})
+    dtype = config.get("dtype")
+    if config.get("name") not in FLOAT32_LAYERS and _policy_name(dtype) == "float32":
+        config["dtype"] = keras.dtype_policies.serialize(keras.dtype_policies.DTypePolicy("bfloat16"))
+    for inner in config.get("layers", ()):
+        _to_bfloat16(inner)
+
+
+def _policy_name(dtype) -> str | None:
+    if isinstance(dtype, str):
+        return dtype
+    if isinstance(dtype, dict):
+        return dtype.get("config", {}).get("name")
+    return None
+
+
+def check(model: keras.Model, twin: keras.Model, images: np.ndarray,
+          max_top1_drop: float = DEFAULT_MAX_TOP1_DROP) -> dict[str, Any]:
+    """How the bfloat16 `twin` agrees with the float32 `model` on `images` ((N, H, W, 3) pixels in [0, 255] at the
+    model's size, normalized by each model's own pixel input): max |difference| relative to the largest float32
+    output, top-1 agreement (for a classifier; for an embedding, the least cosine), `refused` past `max_top1_drop`
+    points of top-1."""
+    if not max_top1_drop >= 0:
+        raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
+    reference = _outputs(model_io.with_pixel_input(model), images)
+    ours = _outputs(model_io.with_pixel_input(twin, model_io.preprocessing_config(model)), images)
+    report = {"images": len(images), "max_relative_diff": float(np.abs(ours - reference).max()
+                                                                 / max(float(np.abs(reference).max()), 1e-30))}
+    if reference.ndim == 2 and reference.shape[-1] > 1:
+        disagreements = int(np.count_nonzero(ours.argmax(-1) != reference.argmax(-1)))
+        report.update(top1_agreement=1 - disagreements / len(images), top1_drop=100.0 * disagreements / len(images))
+    cosines = np.sum(ours * reference, -1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(reference, axis=-1))
+    report["min_cosine"] = float(cosines.min())
+    report["max_top1_drop"] = max_top1_drop
+    report["refused"] = report.get("top1_drop", 0.0) > max_top1_drop
+    return report
+
+
+def _outputs(model: keras.Model, images: np.ndarray, batch: int = 16) -> np.ndarray:
+    """The model's first output on `images`, called as the SavedModel calls it (portable ops), float64, flattened
+    to (N, features)."""
+    results = []
+    for start in range(0, len(images), batch):
+        outputs = model(images[start:start + batch], training=False)
+        first = keras.tree.flatten(outputs)[0]
+        results.append(np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(first, "float32")), dtype=np.float64))
+    return np.concatenate(results).reshape(len(images), -1)
+
+
+def refusal(report: dict[str, Any]) -> str:
+    """One line for a refused bfloat16 export."""
+    return (f"The bfloat16 model's top-1 disagrees with float32 on {report['top1_drop']:.2f} points of "
+            f"{report['images']} photographs, over max_top1_drop={report['max_top1_drop']:g}, so nothing was "
+            "written: export in float32 (--precision float32), or allow more (--max-top1-drop)")
