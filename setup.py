@@ -35,6 +35,9 @@ EXTRAS = {
     # each file against the Keras model before it is written. Separate from `export`: TFLite and SavedModel
     # users do not install them.
     "onnx": ["onnx>=1.16", "onnxruntime>=1.18", "tf2onnx>=1.16"],
+    # OpenVINO IR files (keras-vit-export --format openvino): Keras' own OpenVINO exporter and OpenVINO's runtime,
+    # Intel's inference engine for its CPUs, GPUs and NPUs, which checks each file against the Keras model.
+    "openvino": ["openvino>=2025.1"],
     # Inspection plots and image files.
     "inspect": ["matplotlib>=3.8", "pillow>=10"],
     # Tests: SciPy and safetensors write the reference data; TF Serving's protos read the warmup requests;

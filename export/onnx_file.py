@@ -12,79 +12,31 @@ Images are not decoded or resized in the graph (ONNX has no image decoder): give
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 import keras
-import numpy as np
 
 from keras_vit.atomic import atomic_write, check_room, variables_bytes
-from keras_vit.vit_model import model_input_signature
 
-from . import model_io
+from . import model_io, runtime_files
+from .runtime_files import INPUT_NAME, MAX_RELATIVE_DIFF, check_images
 from .saved_model import version_folder
 
 ONNX_FILE = "model.onnx"
 REPORT_FILE = "keras_vit_onnx.json"
-INPUT_NAME = "image"
-# The most |ONNX Runtime - Keras| allowed, relative to max(1, max |Keras|), on the check images: float32 round-off
-# of another engine's kernels, not a wrong op.
-MAX_RELATIVE_DIFF = 1e-4
 DISTRIBUTIONS = ("onnx", "onnxruntime", "tf2onnx")  # keras_vit[onnx]
 
 
-class OnnxMismatchError(ValueError):
+class OnnxMismatchError(runtime_files.MismatchError):
     """The ONNX file computes other numbers than the Keras model: nothing was written."""
 
 
 def missing_modules() -> list[str]:
     """The modules of keras_vit[onnx] that are not installed (empty when all are)."""
-    return [name for name in DISTRIBUTIONS if importlib.util.find_spec(name) is None]
-
-
-def check_images(model: keras.Model, count: int = 4, seed: int = 0) -> list[np.ndarray]:
-    """Random [0, 255] pixels the file is checked on: `count` images at the model's size, one at batch 1, and for a
-    model of any size `count` at a second size (two strides taller, one wider)."""
-    rng = np.random.default_rng(seed)
-    height, width = model_io.image_size(model)
-    shapes = [(count, height, width, 3), (1, height, width, 3)]
-    stride = model_io.patch_stride(model)
-    if stride:  # any size: the height and width are dynamic
-        shapes.append((count, height + 2 * stride, width + stride, 3))
-    return [rng.uniform(0, 255, shape).astype("float32") for shape in shapes]
-
-
-def compare(session, pixel_model: keras.Model, images: list[np.ndarray]) -> dict[str, Any]:
-    """Runs ONNX Runtime's `session` and the Keras `pixel_model` on each batch of `images`: the largest
-    |difference| relative to max(1, max |Keras|), and its absolute value."""
-    worst_relative, worst_absolute = 0.0, 0.0
-    for batch in images:
-        expected = np.asarray(pixel_model(batch, training=False))
-        (output,) = session.run(None, {INPUT_NAME: batch})
-        if output.shape != expected.shape:
-            raise OnnxMismatchError(f"The ONNX file gives outputs of shape {output.shape} for images of shape "
-                                    f"{batch.shape}; the Keras model gives {expected.shape}. Nothing was written.")
-        absolute = float(np.abs(output - expected).max())
-        worst_absolute = max(worst_absolute, absolute)
-        worst_relative = max(worst_relative, absolute / max(1.0, float(np.abs(expected).max())))
-    return {"max_abs_diff": worst_absolute, "max_relative_diff": worst_relative,
-            "checked_shapes": [list(batch.shape) for batch in images]}
-
-
-def median_latency_ms(session, image: np.ndarray, runs: int = 10) -> float:
-    """Median milliseconds of one `session.run` on `image` (after one warm-up run)."""
-    session.run(None, {INPUT_NAME: image})
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        session.run(None, {INPUT_NAME: image})
-        times.append(1000 * (time.perf_counter() - start))
-    return float(np.median(times))
+    return runtime_files.missing_modules(DISTRIBUTIONS)
 
 
 def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int | None = None,
@@ -115,9 +67,7 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
     import onnxruntime
 
     base, version, target = version_folder(base_dir, version, overwrite)
-    pixel_model = model_io.with_pixel_input(model)
-    (spec,) = model_input_signature(pixel_model)
-    spec = keras.InputSpec(shape=spec.shape, dtype="float32", name=INPUT_NAME)
+    pixel_model, spec = runtime_files.pixel_model_and_spec(model)
     check_room({str(base): variables_bytes(model.weights)}, f"ONNX version {version}")
     options = {} if opset_version is None else {"opset_version": opset_version}
     with atomic_write(target, folder=True) as partial:
@@ -126,19 +76,20 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
             warnings.filterwarnings("ignore", category=FutureWarning)
             pixel_model.export(path, format="onnx", verbose=False, input_signature=[spec], **options)
         session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+
+        def run(batch):
+            return session.run(None, {INPUT_NAME: batch})[0]
+
         images = check_images(model)
-        measured = compare(session, pixel_model, images)
-        if not measured["max_relative_diff"] <= max_relative_diff:
-            raise OnnxMismatchError(f"ONNX Runtime's outputs are {measured['max_relative_diff']:.2e} from the Keras "
-                                    f"model's (relative to max(1, max |Keras|)), over max_relative_diff="
-                                    f"{max_relative_diff:g}: version {version} was not written.")
+        measured = runtime_files.compare(run, pixel_model, images, "ONNX", OnnxMismatchError)
+        runtime_files.require_within(measured, max_relative_diff, "ONNX Runtime", version, OnnxMismatchError)
         report = {"file": ONNX_FILE, "input": INPUT_NAME, "input_shape": list(spec.shape),
                   "image_size": list(model_io.image_size(model)), "any_size_stride": model_io.patch_stride(model),
                   "outputs": [output.name for output in session.get_outputs()],
                   "preprocessing": model_io.preprocessing_config(model).to_dict(),
                   "onnxruntime": onnxruntime.__version__, **measured,
                   "max_relative_diff_allowed": max_relative_diff,
-                  "latency_ms_median_batch_1": median_latency_ms(session, images[1])}
+                  "latency_ms_median_batch_1": runtime_files.median_latency_ms(run, images[1])}
         Path(partial, REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return target
 

@@ -1,8 +1,9 @@
-"""keras-vit-export: a keras_vit classifier as a TF Serving SavedModel or an ONNX file, in `OUT/<version>/`, written
-atomically.
+"""keras-vit-export: a keras_vit classifier as a TF Serving SavedModel, an ONNX file or an OpenVINO file, in
+`OUT/<version>/`, written atomically.
 
     keras-vit-export --model vit.keras --out /models/vit [--version N] [--overwrite]
     keras-vit-export --model vit.keras --format onnx --out /models/vit  # OUT/<version>/model.onnx, checked
+    keras-vit-export --model vit.keras --format openvino --out /models/vit  # OUT/<version>/model.xml, checked
     keras-vit-export --variant B/16 --weights vit.weights.h5 --out /models/vit
     keras-vit-export --variant B/16 --weights imagenet --any-size --out /models/vit
     keras-vit-export --weights hf://facebook/dinov2-base --out /models/dinov2 --signatures embed,features
@@ -25,7 +26,8 @@ DEFAULT_MAX_PIXELS = 40_000_000
 DEFAULT_MAX_BATCH = 256
 SIGNATURES = ("embed", "features", "explain")  # serving.EXTRA_SIGNATURES
 SERVING_KERNELS = ("onednn", "eigen")  # keras_vit.kernels.SERVING_KERNELS
-FORMATS = ("saved_model", "onnx")
+FORMATS = ("saved_model", "onnx", "openvino")
+FILE_FORMATS = {"onnx": "ONNX", "openvino": "OpenVINO"}  # pixels in, the model's own outputs out
 PRECISIONS = ("float32", "bfloat16", "auto")  # keras_vit.export.precision.PRECISIONS
 DEFAULT_MAX_TOP1_DROP = 1.0  # keras_vit.export.precision.DEFAULT_MAX_TOP1_DROP
 # The flags of the SavedModel's serving signatures, which an ONNX file (pixels in, the model's outputs out) has not.
@@ -41,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="saved_model (default): TF Serving's, from encoded images; onnx: OUT/<version>/model.onnx "
                              "for ONNX Runtime (keras_vit[onnx]): float32 [0, 255] pixels at the model's size in, "
                              "the preprocessing inside, the batch dynamic (and height and width with --any-size), "
-                             "checked against the Keras model before it is written")
+                             "checked against the Keras model before it is written; openvino: OUT/<version>/model.xml "
+                             "and model.bin for OpenVINO (keras_vit[openvino]), the same input, checked likewise")
     parser.add_argument("--version", type=int, help="version number (default: next free)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version")
     parser.add_argument("--top-k", type=int, default=5, help="classes/scores returned per image (default: 5)")
@@ -107,16 +110,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.any_size and args.model:
         parser.error("--any-size builds a --variant or --weights; a .keras model keeps the input shape it was built "
                      "with.")
-    if args.format == "onnx":
+    if args.format in FILE_FORMATS:
         given = [flag for name, flag in SAVED_MODEL_ONLY.items() if getattr(args, name)]
         if args.embedding != "pooled" and not args.class_embeddings:
             given.append("--embedding head")  # it picks what `embed` serves; a zero-shot head still reads it
         if given:
-            parser.error(f"{given[0]} shapes the SavedModel's serving signatures; --format onnx writes the model's "
-                         "own outputs (drop the flag, or export a SavedModel).")
+            parser.error(f"{given[0]} shapes the SavedModel's serving signatures; --format {args.format} writes the "
+                         "model's own outputs (drop the flag, or export a SavedModel).")
         if args.precision != "float32":
-            parser.error(f"--precision {args.precision} applies to SavedModels; --format onnx writes float32 (drop "
-                         "the flag, or export a SavedModel).")
+            parser.error(f"--precision {args.precision} applies to SavedModels; --format {args.format} writes "
+                         "float32 (drop the flag, or export a SavedModel).")
     signatures = _names(args.signatures)
     unknown = [name for name in signatures if name not in SIGNATURES]
     if unknown:
@@ -134,8 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_num_patches is not None:
         parser.error("--max-num-patches is the patch budget of SigLIP 2 NaFlex weights; this model takes images "
                      "of one size (drop the flag).")
-    if args.format == "onnx":
-        cli.require("keras-vit-export", "onnx")
+    if args.format in FILE_FORMATS:
+        cli.require("keras-vit-export", args.format)
     import numpy as np
 
     from keras_vit import features
@@ -146,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                               logit_scale=args.logit_scale, logit_bias=args.logit_bias)
     if args.format == "onnx":
         return _write_onnx(model, args)
+    if args.format == "openvino":
+        return _write_openvino(model, args)
     from keras_vit.export import saved_model, serving
 
     class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines() if args.class_names else None
@@ -178,7 +183,8 @@ def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, si
                if getattr(args, name) != parser.get_default(name)]
     refused = [flag for flag, given in (
         ("--variant", args.variant), ("--image-size", args.image_size), ("--classes", args.classes),
-        ("--pooling", args.pooling), ("--any-size", args.any_size), ("--format onnx", args.format == "onnx"),
+        ("--pooling", args.pooling), ("--any-size", args.any_size),
+        (f"--format {args.format}", args.format in FILE_FORMATS),
         (f"--precision {args.precision}", args.precision != "float32"),
         ("--class-names", args.class_names), ("--class-embeddings", args.class_embeddings),
         ("--embedding head", args.embedding != "pooled"), ("--signatures explain", "explain" in signatures),
@@ -214,6 +220,21 @@ def _write_onnx(model, args: argparse.Namespace) -> int:
           f"Runtime {report['onnxruntime']} agrees with Keras to {report['max_relative_diff']:.1e} (relative; "
           f"allowed {report['max_relative_diff_allowed']:g}) on {len(report['checked_shapes'])} batches; "
           f"{report['latency_ms_median_batch_1']:.1f} ms per image at batch 1 here.")
+    return 0
+
+
+
+def _write_openvino(model, args: argparse.Namespace) -> int:
+    from keras_vit.export import openvino_file
+
+    path = openvino_file.export_openvino(model, args.out, version=args.version, overwrite=args.overwrite)
+    report = openvino_file.read_report(path)
+    print(f"Wrote OpenVINO file {path / openvino_file.XML_FILE}: input {report['input']} {report['input_shape']}; "
+          f"OpenVINO {report['openvino']} in float32 agrees with Keras to {report['max_relative_diff']:.1e} "
+          f"(relative; allowed {report['max_relative_diff_allowed']:g}) on {len(report['checked_shapes'])} batches, "
+          f"{report['latency_ms_median_batch_1']:.1f} ms per image at batch 1 here; this CPU's default precision "
+          f"{report['cpu_default_precision']}: {report['cpu_default_max_relative_diff']:.1e}, "
+          f"{report['cpu_default_latency_ms_median_batch_1']:.1f} ms.")
     return 0
 
 

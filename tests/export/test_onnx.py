@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 from keras_vit.cli import export as export_cli
-from keras_vit.export import onnx_file
+from keras_vit.export import onnx_file, runtime_files
 from tests.testing import TINY_VIT, save_checkpoint, tiny_model, vit_checkpoint
 
 
@@ -101,7 +101,7 @@ def test_a_file_that_disagrees_is_not_written(tmp_path):
 
 
 def test_without_onnx_runtime_one_line_names_the_extra(tmp_path, monkeypatch):
-    monkeypatch.setattr(onnx_file.importlib.util, "find_spec",
+    monkeypatch.setattr(runtime_files.importlib.util, "find_spec",
                         lambda name, *args: None if name == "onnxruntime" else object())
     expected = r'needs onnxruntime, which is not installed: pip install "keras_vit\[onnx\]"'
     with pytest.raises(ImportError, match=expected):

@@ -62,11 +62,12 @@ IMPORT_NAMES = {
     "absl": "absl-py", "ai_edge_litert": "ai-edge-litert", "jax": "jax", "keras": "keras",
     "matplotlib": "matplotlib", "numpy": "numpy", "PIL": "pillow", "sklearn": "scikit-learn",
     "tensorflow": "tensorflow", "tensorflow_datasets": "tensorflow-datasets", "torch": "torch",
-    "onnxruntime": "onnxruntime",
+    "onnxruntime": "onnxruntime", "openvino": "openvino",
 }
 # Extras that a subpackage's code may use inside functions only, after saying what to install where they are missing:
-# keras-vit-export --format onnx (export/onnx_file.py) needs keras_vit[onnx] besides keras_vit[export].
-LAZY_EXTRAS = {"export": ("onnx",)}
+# keras-vit-export --format onnx (export/onnx_file.py) needs keras_vit[onnx] besides keras_vit[export], and
+# --format openvino (export/openvino_file.py) keras_vit[openvino].
+LAZY_EXTRAS = {"export": ("onnx", "openvino")}
 
 
 def _imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
@@ -244,6 +245,7 @@ def _uninstall(monkeypatch, distribution_name: str) -> None:
     ("tflite", "export", ["--variant", "Ti/16", "--out", "x"]),
     ("export", "export", ["--variant", "Ti/16", "--out", "x"]),
     ("export", "onnx", ["--variant", "Ti/16", "--out", "x", "--format", "onnx"]),
+    ("export", "openvino", ["--variant", "Ti/16", "--out", "x", "--format", "openvino"]),
     ("inspect", "inspect", ["--variant", "Ti/16", "--out", "x", "--image", "a.png"]),
     ("fewshot", "training", ["--variant", "Ti/16"]),
     ("masked_digits", "training", ["--workdir", "x"]),

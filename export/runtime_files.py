@@ -1,0 +1,89 @@
+"""What the files for other runtimes (ONNX Runtime: `onnx_file`; OpenVINO: `openvino_file`) share: the model they
+hold (the keras_vit model with its pixel normalization, float32 [0, 255] RGB pixels in (N, H, W, 3), the batch
+dynamic, and for a model of any size height and width too), the images each file is checked on, and the check
+against the Keras model that decides whether it is written."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from typing import Any, Callable, Sequence
+
+import keras
+import numpy as np
+
+from keras_vit.vit_model import model_input_signature
+
+from . import model_io
+
+INPUT_NAME = "image"
+# The most |runtime - Keras| allowed, relative to max(1, max |Keras|), on the check images: float32 round-off of
+# another engine's kernels, not a wrong op.
+MAX_RELATIVE_DIFF = 1e-4
+
+
+class MismatchError(ValueError):
+    """A runtime's file computes other numbers than the Keras model: nothing was written."""
+
+
+def missing_modules(modules: Sequence[str]) -> list[str]:
+    """The `modules` that are not installed (empty when all are)."""
+    return [name for name in modules if importlib.util.find_spec(name) is None]
+
+
+def pixel_model_and_spec(model: keras.Model) -> tuple[keras.Model, keras.InputSpec]:
+    """The model of [0, 255] pixels a file holds, and its input: float32, named `INPUT_NAME`, the batch (and for a
+    model of any size, height and width) dynamic."""
+    pixel_model = model_io.with_pixel_input(model)
+    (spec,) = model_input_signature(pixel_model)
+    return pixel_model, keras.InputSpec(shape=spec.shape, dtype="float32", name=INPUT_NAME)
+
+
+def check_images(model: keras.Model, count: int = 4, seed: int = 0) -> list[np.ndarray]:
+    """Random [0, 255] pixels the file is checked on: `count` images at the model's size, one at batch 1, and for a
+    model of any size `count` at a second size (two strides taller, one wider)."""
+    rng = np.random.default_rng(seed)
+    height, width = model_io.image_size(model)
+    shapes = [(count, height, width, 3), (1, height, width, 3)]
+    stride = model_io.patch_stride(model)
+    if stride:  # any size: the height and width are dynamic
+        shapes.append((count, height + 2 * stride, width + stride, 3))
+    return [rng.uniform(0, 255, shape).astype("float32") for shape in shapes]
+
+
+def compare(run: Callable[[np.ndarray], np.ndarray], pixel_model: keras.Model, images: list[np.ndarray],
+            runtime: str, error: type[MismatchError] = MismatchError) -> dict[str, Any]:
+    """Runs `run` (the runtime on one batch) and the Keras `pixel_model` on each batch of `images`: the largest
+    |difference| relative to max(1, max |Keras|), and its absolute value."""
+    worst_relative, worst_absolute = 0.0, 0.0
+    for batch in images:
+        expected = np.asarray(pixel_model(batch, training=False))
+        output = run(batch)
+        if output.shape != expected.shape:
+            raise error(f"The {runtime} file gives outputs of shape {output.shape} for images of shape {batch.shape}; "
+                        f"the Keras model gives {expected.shape}. Nothing was written.")
+        absolute = float(np.abs(output - expected).max())
+        worst_absolute = max(worst_absolute, absolute)
+        worst_relative = max(worst_relative, absolute / max(1.0, float(np.abs(expected).max())))
+    return {"max_abs_diff": worst_absolute, "max_relative_diff": worst_relative,
+            "checked_shapes": [list(batch.shape) for batch in images]}
+
+
+def require_within(measured: dict[str, Any], max_relative_diff: float, runtime: str, version: int,
+                   error: type[MismatchError] = MismatchError) -> None:
+    """Raises `error` when `compare`'s `measured` difference is over `max_relative_diff`."""
+    if not measured["max_relative_diff"] <= max_relative_diff:
+        raise error(f"{runtime}'s outputs are {measured['max_relative_diff']:.2e} from the Keras model's (relative "
+                    f"to max(1, max |Keras|)), over max_relative_diff={max_relative_diff:g}: version {version} was "
+                    "not written.")
+
+
+def median_latency_ms(run: Callable[[np.ndarray], Any], image: np.ndarray, runs: int = 10) -> float:
+    """Median milliseconds of one `run(image)` (after one warm-up run)."""
+    run(image)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        run(image)
+        times.append(1000 * (time.perf_counter() - start))
+    return float(np.median(times))
