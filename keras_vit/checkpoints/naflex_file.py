@@ -41,20 +41,15 @@ class NaFlexFile:
     header: dict[str, safetensors_file.TensorInfo] = dataclasses.field(default_factory=dict, repr=False)
 
 
-def _config_of(weights) -> tuple[str, dict] | None:
-    """(weights file, the vision config) of a local NaFlex checkpoint, else None."""
+def _weights_file(weights) -> str | None:
+    """The local weights file of `weights` (a file, folder or `hf://` name), else None."""
     if not isinstance(weights, (str, os.PathLike)):
         return None
     weights = os.fspath(weights)
     if not (os.path.exists(weights) or locate.is_hub_name(weights)):
         return None
     path = locate.locate(weights)
-    if not os.path.isfile(path):
-        return None
-    config = config_files.Beside(path).config
-    if not is_naflex_config(config):
-        return None
-    return path, config.get("vision_config", config) if config["model_type"] == "siglip2" else config
+    return path if os.path.isfile(path) else None
 
 
 def is_naflex_config(config: dict | None) -> bool:
@@ -65,7 +60,18 @@ def is_naflex_config(config: dict | None) -> bool:
 def is_naflex_checkpoint(weights) -> bool:
     """Whether `weights` (a local file, folder or `hf://` name; anything else is not) is a SigLIP 2 NaFlex
     checkpoint: its config.json is read, not its tensors."""
-    return _config_of(weights) is not None
+    path = _weights_file(weights)
+    return path is not None and is_naflex_config(config_files.Beside(path).config)
+
+
+def naflex_checkpoint(weights) -> NaFlexFile | None:
+    """`read_naflex_checkpoint(weights)` where `weights` is a SigLIP 2 NaFlex checkpoint, else None; its config.json
+    read once for both answers (the export command's test and read)."""
+    path = _weights_file(weights)
+    if path is None:
+        return None
+    files = config_files.Beside(path)
+    return naflex_file_of(path, files) if is_naflex_config(files.config) else None
 
 
 def read_naflex_checkpoint(weights: str) -> NaFlexFile:
@@ -77,11 +83,11 @@ def read_naflex_checkpoint(weights: str) -> NaFlexFile:
             implemented, a processor that does not resize bilinearly, rescale by 1 / 255 and normalize, or whose
             patch size differs from the model's.
     """
-    found = _config_of(weights)
-    if found is None:
+    file = naflex_checkpoint(weights)
+    if file is None:
         raise ValueError(f"{weights!r} is not a SigLIP 2 checkpoint: its config.json must have model_type "
                          f"{' or '.join(map(repr, MODEL_TYPES))}.")
-    return naflex_file_of(found[0], config_files.Beside(found[0]))
+    return file
 
 
 def naflex_file_of(path: str, files: config_files.Beside) -> NaFlexFile:

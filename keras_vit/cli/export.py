@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from keras_vit import cli
 from keras_vit.cli import common
+
+if TYPE_CHECKING:  # --help imports nothing heavy
+    from keras_vit.checkpoints import naflex_file
 
 # keras_vit.export.serving's defaults, spelled here so that --help needs no TensorFlow (a test checks that
 # they agree).
@@ -132,8 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.require("keras-vit-export", "export")
     from keras_vit.checkpoints import naflex_file
 
-    if args.weights and not args.model and naflex_file.is_naflex_checkpoint(args.weights):
-        return _export_naflex(parser, args, signatures)
+    naflex_weights = naflex_file.naflex_checkpoint(args.weights) if args.weights and not args.model else None
+    if naflex_weights is not None:
+        return _export_naflex(parser, args, signatures, naflex_weights)
     if args.max_num_patches is not None:
         parser.error("--max-num-patches is the patch budget of SigLIP 2 NaFlex weights; this model takes images "
                      "of one size (drop the flag).")
@@ -176,9 +180,10 @@ def _precision_line(metadata: dict) -> str:
             f"{check['min_cosine']:.4f}, max relative difference {check['max_relative_diff']:.1e}")
 
 
-def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, signatures: Sequence[str]) -> int:
-    """SigLIP 2 NaFlex --weights: its SavedModel from encoded images (`keras_vit.export.naflex_serving`); the flags
-    of image models are refused by name."""
+def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, signatures: Sequence[str],
+                   file: naflex_file.NaFlexFile) -> int:
+    """SigLIP 2 NaFlex --weights (`file`, read once): its SavedModel from encoded images
+    (`keras_vit.export.naflex_serving`); the flags of image models are refused by name."""
     changed = [f"--{name.replace('_', '-')}" for name in ("top_k", "feature_blocks", "logit_scale", "logit_bias")
                if getattr(args, name) != parser.get_default(name)]
     refused = [flag for flag, given in (
@@ -195,10 +200,8 @@ def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, si
                      "serves the pooled embedding (serving_default, embed) and with --signatures features the "
                      "tokens.")
     from keras_vit import naflex
-    from keras_vit.checkpoints import naflex_file
     from keras_vit.export import naflex_serving
 
-    file = naflex_file.read_naflex_checkpoint(args.weights)  # read once, for the budget and the model
     budget = args.max_num_patches
     if budget is None:
         budget = file.preprocessing.get("max_num_patches", 256)

@@ -158,11 +158,28 @@ def test_metadata_records_the_budget_and_signatures(served):
         assert (served[budget][1] / saved_model.WARMUP_FILE).is_file()
 
 
+def test_the_command_reads_a_naflex_folder_once(tmp_path, capsys, monkeypatch):
+    """keras-vit-export tells a NaFlex folder by its config.json and builds from what it read: config.json and the
+    processor read once each, the safetensors header once (counted up to the refusal of a flag, after the read)."""
+    from keras_vit.checkpoints import config_files, safetensors_file
+
+    counts = {}
+    for module, name in ((safetensors_file, "read_header"), (config_files, "read_json")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, real=real, name=name, **kwargs: (
+            counts.__setitem__(name, counts.get(name, 0) + 1), real(*args, **kwargs))[1])
+    with pytest.raises(SystemExit):
+        export_cli.main(["--weights", CASE, "--out", str(tmp_path / "x"), "--top-k", "3"])
+    assert "--top-k does not apply to SigLIP 2 NaFlex weights" in capsys.readouterr().err
+    assert counts == {"read_header": 1, "read_json": 2}
+
+
 def test_flags_of_image_models_are_refused_by_name(tmp_path, capsys):
     """Each writes nothing; --max-num-patches is refused for an image model."""
     for flags, flag in ((["--image-size", "64"], "--image-size"), (["--pooling", "avg"], "--pooling"),
                         (["--signatures", "explain"], "--signatures explain"), (["--top-k", "3"], "--top-k"),
-                        (["--format", "onnx"], "--format onnx"), (["--any-size"], "--any-size")):
+                        (["--format", "onnx"], "--format onnx"), (["--format", "openvino"], "--format openvino"),
+                        (["--precision", "bfloat16"], "--precision bfloat16"), (["--any-size"], "--any-size")):
         with pytest.raises(SystemExit) as stopped:
             export_cli.main(["--weights", CASE, "--out", str(tmp_path / "x"), *flags])
         assert stopped.value.code == 2
