@@ -104,9 +104,9 @@ def jpegs(count=2):
     return [tf.io.encode_jpeg(crop, quality=95).numpy() for crop in crops]
 
 
-def fitted(encoded, preprocessing):
+def fitted(encoded, preprocessing, size=(32, 32)):
     transform = preprocessing.resize_arguments
-    return np.concatenate([image_io.fit_to_model(image_io.decode_rgb(data)[None], (32, 32), **transform).numpy()
+    return np.concatenate([image_io.fit_to_model(image_io.decode_rgb(data)[None], size, **transform).numpy()
                            for data in encoded])
 
 
@@ -150,6 +150,35 @@ def test_signatures_embed_features_explain_through_the_tf1_loader(tmp_path):
     metadata = json.loads((path / "assets.extra" / "keras_vit_export.json").read_text())
     assert metadata["signatures"] == ["serving_default", "serving_bytes", "embed", "features", "explain"]
     assert metadata["preprocessing"]["resize_mode"] == "shortest_edge"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["hf_dinov3_swiglu_112", "timm_eva02_mlp_norm_126"])
+def test_rotary_models_serve_features_and_explain_as_keras_computes_them(tmp_path, family):
+    """DINOv3's and EVA-02's rotary blocks (their angles from each image's grid) behind the `features` and `explain`
+    signatures of `keras-vit-export --weights <folder>`, through TF1's loader, against the same model in Keras."""
+    from keras_vit import model_files
+    from tests.data.make_family_files import FOLDER
+
+    folder = f"{FOLDER}/{family}"
+    assert export_cli.main(["--weights", folder, "--out", str(tmp_path / "served"), "--signatures",
+                            "features,explain", "--feature-blocks", "0,-1"]) == 0
+    model = model_files.load_or_build(weights=folder)  # what the command built
+    assert model.vit_config.rope is not None
+    server, encoded = TF1Server(tmp_path / "served" / "1"), jpegs()
+    images = fitted(encoded, model.preprocessing_config, model_io.image_size(model))
+    request = {"image_bytes": np.array(encoded)}
+    served = server.predict("features", request)
+    expected = as_numpy(features.features_model(model, [0, -1])(images))
+    assert sorted(served) == sorted(expected) and len(expected) == 4
+    for key in expected:
+        scale = max(1.0, float(np.abs(expected[key]).max()))
+        np.testing.assert_allclose(served[key] / scale, expected[key] / scale, rtol=0, atol=1e-4, err_msg=key)
+    explained = server.predict("explain", request)
+    rollout = as_numpy(features.explain_model(model)(images))["rollout"]
+    assert explained["rollout"].shape == rollout.shape == (2, *model_io.image_size(model))
+    np.testing.assert_allclose(explained["rollout"], rollout, rtol=0, atol=1e-5)
+    assert np.ptp(rollout) > 0  # a map, not a constant
 
 
 @pytest.mark.slow
