@@ -131,5 +131,7 @@ def export_archive(*models: keras.Model) -> keras.export.ExportArchive:
     archive = keras.export.ExportArchive()
     for name in ("variables", "trainable_variables", "non_trainable_variables"):
         unique = {id(variable): variable for model in models for variable in getattr(model, name)}
-        archive.add_variable_collection(name, list(unique.values()))
+        # Each Keras variable's own tf.Variable (`.value` on TensorFlow), the object the traced endpoints capture:
+        # the Keras wrapper is another trackable, whose value the checkpoint would store a second time.
+        archive.add_variable_collection(name, [variable.value for variable in unique.values()])
     return archive

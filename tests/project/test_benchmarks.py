@@ -248,6 +248,20 @@ def test_serving_benchmark_exports_the_bfloat16_model_checked_against_float32(tm
     assert serving.serve(path, [1], runs=1, profile=False)["1"] > 0
 
 
+def test_runtimes_benchmark_writes_each_form_and_measures_its_agreement(tmp_path, capsys):
+    from benchmarks import runtimes
+
+    forms = ["savedmodel_bf16", "onnx_int8", "openvino_default", "litert_dynamic_int8"]
+    paths, checks = runtimes.write_files("tiny", str(tmp_path), forms)
+    for form in forms:
+        result = runtimes.run_form(form, paths[form], checks, [1, 3], runs=1, threads=1)
+        assert 0.8 <= result["top1_agreement"] <= 1 and 0 < result["max_abs_diff"] < 0.01, (form, result)
+        assert result["bs1"] > 0 and result["bs3"] > 0 and result["classes_predicted"] > 1
+    with pytest.raises(SystemExit):
+        runtimes.main(["--forms", "onnx_fp32,tensorrt"])
+    assert "unknown form(s) tensorrt. Expected some of savedmodel_fp32" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 1.0])
 def test_percentile_interpolates_like_numpy(q):
     values = [5.0, 1.0, 4.0, 2.5, 9.0]

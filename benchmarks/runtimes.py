@@ -1,0 +1,199 @@
+"""One keras_vit model in each runtime it is deployed on, in float32 and in its reduced form, side by side in one run.
+
+    python -m benchmarks.runtimes [--arch B/16] [--batches 1,16] [--rounds 2] [--runs 5] [--threads 2]
+                                  [--forms savedmodel_fp32,onnx_fp32,...]
+
+The model (random weights and a random head, as `benchmarks.serving`'s) is written by keras_vit's own exporters,
+each file taking [0, 255] pixels at the model's size with the preprocessing inside and giving probabilities:
+
+- `savedmodel_fp32`, `savedmodel_bf16`: `export_saved_model` (`precision="bfloat16"`: bfloat16 weights and layers),
+  run through TF1's loader (`serving_default`), as TF Serving runs it;
+- `onnx_fp32`: `export_onnx`, in ONNX Runtime; `onnx_int8`: that file through ONNX Runtime's post-training
+  `quantize_dynamic` (int8 weights, activations quantized at run time: its path without calibration);
+- `openvino_fp32`, `openvino_default`: `export_openvino`, compiled in float32 and at the CPU's default precision
+  (bfloat16 on CPUs with AVX512-BF16 or AMX); OpenVINO's int8 path (NNCF) is not installed here;
+- `litert_fp32`, `litert_dynamic_int8`: `keras_vit.export.tflite_conversion.convert`, in LiteRT's interpreter
+  (XNNPACK). Its files take batch 1: a batch of 16 is 16 calls.
+
+Each form runs in a fresh process per round with `--threads` threads, the forms interleaved within every round,
+and times `--runs` calls per batch size after one warm-up; the median is reported. Each form's top-1 agreement
+with the Keras float32 model on 64 photo crops, and its largest probability difference, are measured in the same
+process (random weights: read the agreement with the classes the Keras model predicts there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RESULT_PREFIX = "RUNTIME_RESULT "
+FORMS = ("savedmodel_fp32", "savedmodel_bf16", "onnx_fp32", "onnx_int8", "openvino_fp32", "openvino_default",
+         "litert_fp32", "litert_dynamic_int8")
+CHECK_IMAGES = 64
+
+
+def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], str]:
+    """Writes each form's file of `arch` into `out`, and the check images with the Keras model's probabilities;
+    returns ({form: path}, the images' .npz)."""
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import numpy as np
+
+    from benchmarks import worker
+    from keras_vit.export import data, model_io, onnx_file, openvino_file, saved_model, tflite_conversion
+
+    model = worker._keras_vit_model(arch, train=False, served=True)
+    head = model.get_layer("head")
+    head.kernel.assign(np.random.default_rng(0).normal(0, 0.02, head.kernel.shape).astype("float32"))
+    images = data.photos(model_io.image_size(model), count=CHECK_IMAGES, seed=5)
+    reference = np.concatenate([np.asarray(model(images[i:i + 16], training=False)) for i in range(0, len(images), 16)])
+    checks = os.path.join(out, "checks.npz")
+    np.savez(checks, images=images, reference=reference)
+    paths, written = {}, {}
+    for form in forms:
+        kind, precision = form.split("_", 1)
+        if kind == "savedmodel":
+            paths[form] = str(saved_model.export_saved_model(
+                model, os.path.join(out, form), version=1, precision="bfloat16" if precision == "bf16" else "float32",
+                max_top1_drop=100.0))  # random weights: measured here, not gated
+        elif kind == "onnx":
+            if kind not in written:
+                written[kind] = str(onnx_file.export_onnx(model, os.path.join(out, kind)) / onnx_file.ONNX_FILE)
+            paths[form] = written[kind]
+            if precision == "int8":
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+                paths[form] = os.path.join(out, kind, "model_int8.onnx")
+                quantize_dynamic(written[kind], paths[form], weight_type=QuantType.QInt8)
+        elif kind == "openvino":
+            if kind not in written:
+                written[kind] = str(openvino_file.export_openvino(model, os.path.join(out, kind))
+                                    / openvino_file.XML_FILE)
+            paths[form] = written[kind]
+        else:
+            paths[form] = str(tflite_conversion.convert(model, os.path.join(out, f"{form}.tflite"),
+                                                        "float32" if precision == "fp32" else precision))
+    return {form: paths[form] for form in forms}, checks
+
+
+def runner(form: str, path: str, threads: int):
+    """One batch of [0, 255] pixels -> probabilities, in `form`'s runtime with `threads` threads."""
+    import numpy as np
+
+    kind = form.split("_", 1)[0]
+    if kind == "savedmodel":
+        import tensorflow as tf
+        graph = tf.Graph()
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=1)
+        session = tf.compat.v1.Session(graph=graph, config=config)
+        with graph.as_default():
+            signature = tf.compat.v1.saved_model.loader.load(session, ["serve"], path).signature_def[
+                "serving_default"]
+        (given,) = signature.inputs.values()
+        fetch = signature.outputs["probabilities"].name
+        return lambda batch: session.run(fetch, {given.name: batch})
+    if kind == "onnx":
+        import onnxruntime
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        return lambda batch: session.run(None, {name: batch})[0]
+    if kind == "openvino":
+        import openvino
+        config = {"INFERENCE_NUM_THREADS": threads}
+        if form == "openvino_fp32":
+            config["INFERENCE_PRECISION_HINT"] = "f32"
+        compiled = openvino.Core().compile_model(path, "CPU", config)
+        return lambda batch: compiled(batch)[0]
+    from keras_vit.export.tflite import LiteRTClassifier
+    classifier = LiteRTClassifier(path, num_threads=threads)
+    return lambda batch: np.stack([classifier(image) for image in batch])
+
+
+def run_form(form: str, path: str, checks: str, batches: list[int], runs: int, threads: int) -> dict:
+    """Agreement on the check images, then the median ms of `runs` calls per batch size."""
+    import numpy as np
+
+    predict = runner(form, path, threads)
+    with np.load(checks) as arrays:
+        images, reference = arrays["images"], arrays["reference"]
+    outputs = np.concatenate([predict(images[i:i + 16]) for i in range(0, len(images), 16)])
+    result = {"top1_agreement": float(np.mean(outputs.argmax(-1) == reference.argmax(-1))),
+              "max_abs_diff": float(np.abs(outputs - reference).max()),
+              "classes_predicted": int(len(np.unique(reference.argmax(-1))))}
+    for batch in batches:
+        pixels = np.resize(images, (batch, *images.shape[1:])).astype("float32")
+        predict(pixels)
+        seconds = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            predict(pixels)
+            seconds.append(time.perf_counter() - start)
+        result[f"bs{batch}"] = 1000 * statistics.median(seconds)
+    return result
+
+
+def _megabytes(path: str) -> float:
+    """A file's size, or a SavedModel folder's; an OpenVINO `.xml` with its `.bin`."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path)
+                   for name in names) / 2**20
+    files = [path] + ([path[:-4] + ".bin"] if path.endswith(".xml") else [])
+    return sum(os.path.getsize(name) for name in files) / 2**20
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.runtimes", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="B/16")
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--forms", default=",".join(FORMS), help=f"comma-separated, of {', '.join(FORMS)}")
+    parser.add_argument("--run", nargs=3, metavar=("FORM", "PATH", "CHECKS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    batches = [int(batch) for batch in args.batches.split(",")]
+    if args.run:
+        print(RESULT_PREFIX + json.dumps(run_form(*args.run, batches, args.runs, args.threads)))
+        return
+    forms = args.forms.split(",")
+    unknown = [form for form in forms if form not in FORMS]
+    if unknown:
+        parser.error(f"unknown form(s) {', '.join(unknown)}. Expected some of {', '.join(FORMS)}")
+    from benchmarks.run import _cpu
+    print(f"CPU: {_cpu()}; {args.threads} threads; {args.arch}; random weights", flush=True)
+    out = tempfile.mkdtemp(prefix="runtimes_bench_")
+    paths, checks = write_files(args.arch, out, forms)
+    results = collections.defaultdict(list)
+    for round_index in range(args.rounds):
+        for form in (forms if round_index % 2 == 0 else forms[::-1]):
+            env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS=str(args.threads))
+            command = [sys.executable, "-m", "benchmarks.runtimes", "--run", form, paths[form], checks,
+                       "--batches", args.batches, "--runs", str(args.runs), "--threads", str(args.threads)]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+            lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+            if not lines:
+                raise RuntimeError(f"{form}: exited {done.returncode}: {done.stderr[-1500:]}")
+            result = json.loads(lines[0][len(RESULT_PREFIX):])
+            results[form].append(result)
+            print(f"[round {round_index + 1}/{args.rounds}] {form}: "
+                  + ", ".join(f"bs{b} {result[f'bs{b}']:.1f} ms" for b in batches), flush=True)
+    print(f"\n| form | {' | '.join(f'bs{b} (ms)' for b in batches)} | top-1 agreement with Keras | max abs prob diff "
+          f"| file MB |\n|---|{'---:|' * len(batches)}---:|---:|---:|")
+    for form in forms:
+        first = results[form][0]
+        timing = " | ".join(f"{statistics.median(r[f'bs{b}'] for r in results[form]):.1f}" for b in batches)
+        print(f"| {form} | {timing} | {100 * first['top1_agreement']:.1f}% | {first['max_abs_diff']:.1e} | "
+              f"{_megabytes(paths[form]):.0f} |")
+    print(f"\n(the Keras model predicts {results[forms[0]][0]['classes_predicted']} distinct classes on the "
+          f"{CHECK_IMAGES} check images)")
+
+
+if __name__ == "__main__":
+    main()
