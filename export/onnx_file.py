@@ -19,11 +19,10 @@ from pathlib import Path
 
 import keras
 
-from keras_vit.atomic import atomic_write, check_room, variables_bytes
+from keras_vit.atomic import atomic_write
 
 from . import model_io, runtime_files
 from .runtime_files import INPUT_NAME, MAX_RELATIVE_DIFF, check_images
-from .saved_model import version_folder
 
 ONNX_FILE = "model.onnx"
 REPORT_FILE = "keras_vit_onnx.json"
@@ -60,15 +59,10 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
         OnnxMismatchError: ONNX Runtime's outputs are over `max_relative_diff` from Keras' (nothing is written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
-    missing = missing_modules()
-    if missing:
-        raise ImportError(f"Writing ONNX files needs {', '.join(missing)}, which is not installed: "
-                          "pip install \"keras_vit[onnx]\"")
+    _, version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "ONNX", "onnx",
+                                                                DISTRIBUTIONS)
     import onnxruntime
 
-    base, version, target = version_folder(base_dir, version, overwrite)
-    pixel_model, spec = runtime_files.pixel_model_and_spec(model)
-    check_room({str(base): variables_bytes(model.weights)}, f"ONNX version {version}")
     options = {} if opset_version is None else {"opset_version": opset_version}
     with atomic_write(target, folder=True) as partial:
         path = os.path.join(partial, ONNX_FILE)

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import keras
 
-from keras_vit.atomic import atomic_write, check_room, variables_bytes
+from keras_vit.atomic import atomic_write
 
 from . import model_io, runtime_files
 from .runtime_files import INPUT_NAME, MAX_RELATIVE_DIFF, check_images
-from .saved_model import version_folder
 
 XML_FILE = "model.xml"
 REPORT_FILE = "keras_vit_openvino.json"
@@ -54,15 +53,10 @@ def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version:
             written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
-    missing = runtime_files.missing_modules(DISTRIBUTIONS)
-    if missing:
-        raise ImportError(f"Writing OpenVINO files needs {', '.join(missing)}, which is not installed: "
-                          "pip install \"keras_vit[openvino]\"")
+    _, version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "OpenVINO",
+                                                                "openvino", DISTRIBUTIONS)
     import openvino
 
-    base, version, target = version_folder(base_dir, version, overwrite)
-    pixel_model, spec = runtime_files.pixel_model_and_spec(model)
-    check_room({str(base): variables_bytes(model.weights)}, f"OpenVINO version {version}")
     core = openvino.Core()
     with atomic_write(target, folder=True) as partial:
         path = os.path.join(partial, XML_FILE)

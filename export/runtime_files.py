@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import keras
 import numpy as np
 
+from keras_vit.atomic import check_room, variables_bytes
 from keras_vit.vit_model import model_input_signature
 
 from . import model_io
+from .saved_model import version_folder
 
 INPUT_NAME = "image"
 # The most |runtime - Keras| allowed, relative to max(1, max |Keras|), on the check images: float32 round-off of
@@ -29,6 +32,21 @@ class MismatchError(ValueError):
 def missing_modules(modules: Sequence[str]) -> list[str]:
     """The `modules` that are not installed (empty when all are)."""
     return [name for name in modules if importlib.util.find_spec(name) is None]
+
+
+def begin(model: keras.Model, base_dir, version: int | None, overwrite: bool, what: str, extra: str,
+          modules: Sequence[str]) -> tuple[Path, int, Path, keras.Model, keras.InputSpec]:
+    """The checks before a file for another runtime is written, and what it holds: ImportError naming
+    `keras_vit[extra]` where one of its `modules` is missing; the version folder (`saved_model.version_folder`);
+    room for the weights. Returns (base folder, version, `<base>/<version>`, the pixel model, its input spec)."""
+    missing = missing_modules(modules)
+    if missing:
+        raise ImportError(f"Writing {what} files needs {', '.join(missing)}, which is not installed: "
+                          f"pip install \"keras_vit[{extra}]\"")
+    base, version, target = version_folder(base_dir, version, overwrite)
+    pixel_model, spec = pixel_model_and_spec(model)
+    check_room({str(base): variables_bytes(model.weights)}, f"{what} version {version}")
+    return base, version, target, pixel_model, spec
 
 
 def pixel_model_and_spec(model: keras.Model) -> tuple[keras.Model, keras.InputSpec]:
