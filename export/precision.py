@@ -53,9 +53,9 @@ def bfloat16_model(model: keras.Model) -> keras.Model:
     """`model` rebuilt with every layer's weights and computation in bfloat16 (Keras' `"bfloat16"` dtype policy),
     but `FLOAT32_LAYERS` and layers of another policy (a quantized layer), its weights those of `model` rounded to
     bfloat16. A functional model (a keras_vit builder's, or a model around one) only."""
-    if not isinstance(model, keras.Model) or not hasattr(model, "_nodes_by_depth"):
+    config = keras.saving.serialize_keras_object(model) if isinstance(model, keras.Model) else {}
+    if "layers" not in config.get("config", {}):  # a subclassed model's config has no layers to rebuild
         raise ValueError(f"Expected a functional keras.Model (a keras_vit builder's model). Received {model!r}.")
-    config = keras.saving.serialize_keras_object(model)
     _to_bfloat16(config)
     twin = keras.saving.deserialize_keras_object(config)
     twin.set_weights([np.asarray(keras.ops.convert_to_numpy(weight)) for weight in model.weights])

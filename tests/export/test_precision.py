@@ -97,6 +97,16 @@ def test_cli_writes_a_bfloat16_saved_model_that_serves_float32_as_the_float32_on
     assert sizes["bfloat16"] < 0.6 * sizes["float32"], sizes
 
 
+def test_only_a_functional_model_is_rebuilt_in_bfloat16():
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    for model in (Subclassed(), "model.keras"):
+        with pytest.raises(ValueError, match=r"Expected a functional keras.Model \(a keras_vit builder's model\)"):
+            precision.bfloat16_model(model)
+
+
 def test_a_bfloat16_model_that_disagrees_with_float32_is_refused_and_nothing_is_written(tmp_path, photos,
                                                                                            monkeypatch):
     model = tiny_model("plain", seed=5)
