@@ -159,19 +159,26 @@ def test_metadata_records_the_budget_and_signatures(served):
 
 
 def test_the_command_reads_a_naflex_folder_once(tmp_path, capsys, monkeypatch):
-    """keras-vit-export tells a NaFlex folder by its config.json and builds from what it read: config.json and the
-    processor read once each, the safetensors header once (counted up to the refusal of a flag, after the read)."""
+    """keras-vit-export tells a NaFlex folder by its config.json and builds its model from what it read: config.json
+    and the processor read once each, the safetensors header once, for the whole command (the SavedModel writer
+    stubbed: it reads no file; the flags' refusals come after the read too)."""
     from keras_vit.checkpoints import config_files, safetensors_file
 
-    counts = {}
+    counts, built = {}, []
     for module, name in ((safetensors_file, "read_header"), (config_files, "read_json")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, real=real, name=name, **kwargs: (
             counts.__setitem__(name, counts.get(name, 0) + 1), real(*args, **kwargs))[1])
+    monkeypatch.setattr(naflex_serving, "export_naflex_saved_model",
+                        lambda model, out, **options: built.append((model, options)) or tmp_path / "x" / "1")
+    assert export_cli.main(["--weights", CASE, "--out", str(tmp_path / "x")]) == 0
+    assert "Wrote SavedModel" in capsys.readouterr().out
+    assert counts == {"read_header": 1, "read_json": 2}
+    (model, options), = built
+    assert model.name == "naflex_vit" and options["max_num_patches"] == 64  # the processor's budget
     with pytest.raises(SystemExit):
         export_cli.main(["--weights", CASE, "--out", str(tmp_path / "x"), "--top-k", "3"])
     assert "--top-k does not apply to SigLIP 2 NaFlex weights" in capsys.readouterr().err
-    assert counts == {"read_header": 1, "read_json": 2}
 
 
 def test_flags_of_image_models_are_refused_by_name(tmp_path, capsys):
