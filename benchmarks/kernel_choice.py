@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 from benchmarks.cases import ARCHS  # noqa: E402
 from benchmarks.paired import alternate, case_parser, compiled_model, images, medians, run_cases  # noqa: E402
 from benchmarks.run import _cpu  # noqa: E402
+from benchmarks.worker import randomize_head  # noqa: E402
 from keras_vit import kernels  # noqa: E402
 
 
@@ -46,10 +47,7 @@ def _kernels(portable: bool):
 
 
 def _model(arch: str, train: bool) -> keras.Model:
-    model = compiled_model("keras_vit", arch, train)
-    head = model.get_layer("head")  # keras_vit's zero-initialised head would make every logit 0
-    head.kernel.assign(np.random.default_rng(1).normal(0, 0.05, head.kernel.shape).astype("float32"))
-    return model
+    return randomize_head(compiled_model("keras_vit", arch, train), seed=1, stddev=0.05)
 
 
 def measure_inference(arch: str, batches: list[int], n: int) -> list[dict]:

@@ -48,9 +48,7 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
     from benchmarks import worker
     from keras_vit.export import data, model_io, onnx_file, openvino_file, saved_model, tflite_conversion
 
-    model = worker._keras_vit_model(arch, train=False, served=True)
-    head = model.get_layer("head")
-    head.kernel.assign(np.random.default_rng(0).normal(0, 0.02, head.kernel.shape).astype("float32"))
+    model = worker.randomize_head(worker._keras_vit_model(arch, train=False, served=True))
     images = data.photos(model_io.image_size(model), count=CHECK_IMAGES, seed=5)
     reference = np.concatenate([np.asarray(model(images[i:i + 16], training=False)) for i in range(0, len(images), 16)])
     checks = os.path.join(out, "checks.npz")

@@ -40,15 +40,13 @@ def export(impl: str, arch: str, out_dir: str) -> str:
     """Writes `impl`'s SavedModel of `arch` (random weights) to `out_dir`; returns its path."""
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
-    import numpy as np
 
     from benchmarks import worker
     keras.utils.set_random_seed(0)
     if impl == BFLOAT16 or IMPLS[impl]:
         from keras_vit.export import saved_model
-        model = worker._keras_vit_model(arch, train=False, served=True)
-        head = model.get_layer("head")  # random, as the encoder: the bfloat16 check then compares distinct logits
-        head.kernel.assign(np.random.default_rng(0).normal(0, 0.02, head.kernel.shape).astype("float32"))
+        # A random head, as the encoder: the bfloat16 check then compares distinct logits.
+        model = worker.randomize_head(worker._keras_vit_model(arch, train=False, served=True))
         path = saved_model.export_saved_model(model, os.path.join(out_dir, impl), version=1,
                                               serving_kernels=IMPLS.get(impl, "onednn"),
                                               precision="bfloat16" if impl == BFLOAT16 else "float32",

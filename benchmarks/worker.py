@@ -50,6 +50,14 @@ def _keras_vit_model(arch: str, train: bool, served: bool = False):
         num_layers=a["layers"], input_shape=(a["image"], a["image"], 3), classes=a["classes"], weights=None, **ends)
 
 
+def randomize_head(model, seed: int = 0, stddev: float = 0.02):
+    """`model` with its head's kernel drawn from N(0, `stddev`): keras_vit's head starts at zeros, which makes every
+    logit 0 and any agreement between two forms of the model meaningless."""
+    head = model.get_layer("head")
+    head.kernel.assign(np.random.default_rng(seed).normal(0, stddev, head.kernel.shape).astype("float32"))
+    return model
+
+
 def _keras_hub_model(arch: str, train: bool):
     import keras
     import keras_hub

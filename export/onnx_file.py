@@ -59,8 +59,8 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
         OnnxMismatchError: ONNX Runtime's outputs are over `max_relative_diff` from Keras' (nothing is written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
-    _, version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "ONNX", "onnx",
-                                                                DISTRIBUTIONS)
+    version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "ONNX", "onnx",
+                                                             DISTRIBUTIONS)
     import onnxruntime
 
     options = {} if opset_version is None else {"opset_version": opset_version}

@@ -53,8 +53,8 @@ def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version:
             written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
-    _, version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "OpenVINO",
-                                                                "openvino", DISTRIBUTIONS)
+    version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "OpenVINO",
+                                                             "openvino", DISTRIBUTIONS)
     import openvino
 
     core = openvino.Core()

@@ -35,10 +35,10 @@ def missing_modules(modules: Sequence[str]) -> list[str]:
 
 
 def begin(model: keras.Model, base_dir, version: int | None, overwrite: bool, what: str, extra: str,
-          modules: Sequence[str]) -> tuple[Path, int, Path, keras.Model, keras.InputSpec]:
+          modules: Sequence[str]) -> tuple[int, Path, keras.Model, keras.InputSpec]:
     """The checks before a file for another runtime is written, and what it holds: ImportError naming
     `keras_vit[extra]` where one of its `modules` is missing; the version folder (`saved_model.version_folder`);
-    room for the weights. Returns (base folder, version, `<base>/<version>`, the pixel model, its input spec)."""
+    room for the weights. Returns (version, `<base>/<version>`, the pixel model, its input spec)."""
     missing = missing_modules(modules)
     if missing:
         raise ImportError(f"Writing {what} files needs {', '.join(missing)}, which is not installed: "
@@ -46,7 +46,7 @@ def begin(model: keras.Model, base_dir, version: int | None, overwrite: bool, wh
     base, version, target = version_folder(base_dir, version, overwrite)
     pixel_model, spec = pixel_model_and_spec(model)
     check_room({str(base): variables_bytes(model.weights)}, f"{what} version {version}")
-    return base, version, target, pixel_model, spec
+    return version, target, pixel_model, spec
 
 
 def pixel_model_and_spec(model: keras.Model) -> tuple[keras.Model, keras.InputSpec]:
