@@ -27,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.cases import DINOV3_OPTIONS  # noqa: E402
 from benchmarks.paired import alternate, medians, require_keras_hub  # noqa: E402
 from benchmarks.run import _cpu  # noqa: E402
 
@@ -60,9 +61,8 @@ def keras_vit_model(image: int) -> keras.Model:
     import keras_vit
 
     return keras_vit.VisionTransformer(
-        **B16, input_shape=(image, image, 3), include_top=False, pooling=None, include_preprocessing=False,
-        position_embedding="none", rope="dinov3", rope_theta=100.0, layer_scale_init=1e-5, layer_norm_epsilon=1e-5,
-        gelu_approximate=False, weights=None)
+        **B16, **DINOV3_OPTIONS, input_shape=(image, image, 3), include_top=False, pooling=None,
+        include_preprocessing=False, weights=None)
 
 
 def keras_hub_model(image: int) -> keras.Model:

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from benchmarks.cases import ARCHS, TIMM_NAMES, Case
+from benchmarks.cases import ARCHS, DINOV3_OPTIONS, TIMM_NAMES, Case
 
 RESULT_PREFIX = "BENCHMARK_RESULT "
 
@@ -45,9 +45,11 @@ def _keras_vit_model(arch: str, train: bool, served: bool = False):
     import keras_vit
     a = ARCHS[arch]
     ends = {} if served else dict(classifier_activation=None, include_preprocessing=False)
+    family = dict(DINOV3_OPTIONS, num_register_tokens=a["registers"]) if a.get("family") == "dinov3" else {}
     return keras_vit.VisionTransformer(
         patch_size=a["patch"], hidden_dim=a["hidden"], mlp_dim=a["mlp"], num_heads=a["heads"],
-        num_layers=a["layers"], input_shape=(a["image"], a["image"], 3), classes=a["classes"], weights=None, **ends)
+        num_layers=a["layers"], input_shape=(a["image"], a["image"], 3), classes=a["classes"], weights=None, **ends,
+        **family)
 
 
 def randomize_head(model, seed: int = 0, stddev: float = 0.02):
@@ -99,6 +101,8 @@ def _keras_on_accelerator(keras) -> bool:
 def _keras_case(impl: str, case: Case, threads: int):
     if impl == "keras_vit_xla" and case.kind != "train":
         return {"status": "skipped", "note": "keras_vit_xla is a training-only variant"}
+    if ARCHS[case.arch].get("family") and impl != "keras_vit":
+        return {"status": "skipped", "note": f"{case.arch} is built by keras_vit only (benchmarks.dinov3 compares)"}
     import keras
     if keras.backend.backend() == "tensorflow":
         _tf(threads)
@@ -160,6 +164,8 @@ def _torch(threads: int):
 
 
 def _timm_case(case: Case, threads: int):
+    if ARCHS[case.arch].get("family"):
+        return {"status": "skipped", "note": f"{case.arch} is built by keras_vit only (benchmarks.dinov3 compares)"}
     torch = _torch(threads)
     from benchmarks.torchvision_stub import import_timm
     timm, stubbed = import_timm()

@@ -86,6 +86,24 @@ def test_worker_times_a_quick_case_in_this_process(capsys):
     assert len(result["latencies"]) == case.iters and min(result["latencies"]) > 0
 
 
+def test_dinov3_cases_time_keras_vit_rotary_model_and_no_other(monkeypatch, capsys):
+    built = []
+    build = worker._keras_vit_model
+    monkeypatch.setattr(worker, "KERAS_BUILDERS", dict(worker.KERAS_BUILDERS, keras_vit=lambda *args: built.append(
+        build(*args)) or built[-1]))
+    (case,) = cases.cases(quick=True, named=("infer_dinov3_bs8",))[-1:]
+    assert (case.name, case.arch, case.batch) == ("infer_dinov3_bs8", "DINOv3-tiny", 8)
+    for impl in ("keras_vit", "keras_hub", "timm"):
+        worker.main([impl, "2", json.dumps(case.to_dict())])
+    results = [json.loads(line[len(worker.RESULT_PREFIX):])[0] for line in capsys.readouterr().out.splitlines()
+               if line.startswith(worker.RESULT_PREFIX)]
+    assert [result["status"] for result in results] == ["ok", "skipped", "skipped"], results
+    assert "DINOv3-tiny is built by keras_vit only" in results[2]["note"]
+    config = built[0].vit_config
+    assert (config.rope, config.num_register_tokens, config.position_embedding) == ("dinov3", 4, "none")
+    assert cases.forward_flops("DINOv3-tiny") > cases.forward_flops("tiny")  # its 4 register tokens count
+
+
 @pytest.mark.parametrize("kind, result, expected", [
     ("startup", {"t_first_prediction": 112.5}, [12.5]),  # process start (100.0) to the first prediction
     ("inference", {"latencies": [0.25, 0.5]}, [0.25, 0.5]),
@@ -161,7 +179,8 @@ def test_training_cases_run_when_named_and_an_unknown_case_is_named_with_the_cho
     assert [case.name for case in named[-1:]] == ["train_b16_bf16_bs8"] and named[-1].arch == "tiny"
     assert (named[-1].kind, named[-1].dtype) == ("train", "bfloat16")
     with pytest.raises(SystemExit, match=r"benchmarks.run: unknown case\(s\) train_bf16. Expected some of "
-                       r"infer_fp32_bs1, .*train_bf16_bs32, train_b16_fp32_bs8, train_b16_bf16_bs8."):
+                       r"infer_fp32_bs1, .*train_bf16_bs32, train_b16_fp32_bs8, train_b16_bf16_bs8, infer_dinov3_bs1, "
+                       r"infer_dinov3_bs8\."):
         run.run(True, 1, 1, ["keras_vit"], ["train_bf16"])
     with pytest.raises(SystemExit):
         ab.main(["/nowhere", "/nowhere", "--cases", "infer_fp32_bs1,nope"])
