@@ -198,17 +198,19 @@ def compiled_inference(call):
     batch of at most `XLA_BLOCK_MAX_ROWS` tokens, with `xla_encoder_blocks` chosen, the same `call` runs
     as one XLA-compiled function (`tf_ops.compiled_inference_call`); otherwise, or for a layer whose
     variables are not those of its config (quantized, LoRA), as it is. Integer keyword arguments (sizes,
-    such as the block's `output_tokens`) are compiled in; any other one set (`return_attention_scores`, a RoPE
-    block's `rotary`, a NaFlex block's `attention_mask`) runs the call as it is."""
+    such as the block's `output_tokens`) are compiled in; tensor ones of known shapes (a RoPE block's `rotary`,
+    a NaFlex block's `attention_mask`) are inputs of the compiled function; any other one set
+    (`return_attention_scores`) runs the call as it is."""
 
     @functools.wraps(call)
     def maybe_compiled(layer, x, training=None, **kwargs):
         sizes = {key: value for key, value in kwargs.items() if _is_size(value)}
-        # (a tensor argument, such as an attention mask, counts as set: its truth value is not asked)
+        tensors = {key: value for key, value in kwargs.items() if key not in sizes and _holds_tensors(value)}
         others_set = any(value is not None and value is not False for key, value in kwargs.items()
-                         if key not in sizes)
-        if not training and not others_set and _compilable_input(x) and active().xla_encoder_blocks:
-            compiled = tf_ops.compiled_inference_call(layer, x, **sizes)
+                         if key not in sizes and key not in tensors)
+        if (not training and not others_set and _compilable_input(x) and _known_shapes(tensors)
+                and active().xla_encoder_blocks):
+            compiled = tf_ops.compiled_inference_call(layer, x, tensors, **sizes)
             if compiled is not None:
                 return compiled
         return call(layer, x, training=training, **kwargs)
@@ -259,6 +261,11 @@ def _holds_tensors(value) -> bool:
     """Whether a keyword argument is a tensor or a structure of tensors."""
     flat = keras.tree.flatten(value) if value is not None else []
     return bool(flat) and all(ops.is_tensor(item) for item in flat)
+
+
+def _known_shapes(tensors: dict) -> bool:
+    """Whether every tensor in `tensors` (a structure of them per key) has a fully known shape."""
+    return all(None not in tuple(tensor.shape) for tensor in keras.tree.flatten(list(tensors.values())))
 
 
 def _is_size(value) -> bool:

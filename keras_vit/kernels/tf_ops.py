@@ -196,10 +196,11 @@ _compiled_layer_calls: dict = {}
 _templates: dict = {}
 
 
-def compiled_inference_call(layer: keras.layers.Layer, x, **sizes: int):
-    """`layer(x, training=False, **sizes)`, its own `call` run as one XLA-compiled function of (weights, x);
-    None for a layer whose variables differ from those of a new layer of its config (quantized, LoRA).
-    `sizes`: integer keyword arguments of the call (a block's `output_tokens`), compiled in.
+def compiled_inference_call(layer: keras.layers.Layer, x, tensors: dict | None = None, **sizes: int):
+    """`layer(x, training=False, **tensors, **sizes)`, its own `call` run as one XLA-compiled function of
+    (weights, x, tensors); None for a layer whose variables differ from those of a new layer of its config
+    (quantized, LoRA). `tensors`: tensor keyword arguments of the call (a RoPE block's `rotary` tables), inputs
+    of the function; `sizes`: integer ones (a block's `output_tokens`), compiled in.
 
     One trace per layer class, config (less the name), variables, input shape and sizes, shared by every
     layer that has them: the twelve blocks of a ViT-B/16 compile once (the last, with `output_tokens`, once
@@ -210,7 +211,11 @@ def compiled_inference_call(layer: keras.layers.Layer, x, **sizes: int):
     config = {key: value for key, value in layer.get_config().items() if key != "name"}
     variables = tuple((tuple(v.shape), v.dtype, v.trainable) for v in layer.variables)
     template_key = (type(layer), repr(sorted(config.items())), tuple(x.shape[1:]), variables)
-    key = (template_key, tuple(x.shape), keras.backend.standardize_dtype(x.dtype), tuple(sorted(sizes.items())))
+    tensors = tensors or {}
+    tensor_specs = tuple((name, tuple((tuple(t.shape), keras.backend.standardize_dtype(t.dtype))
+                                      for t in keras.tree.flatten(value))) for name, value in sorted(tensors.items()))
+    key = (template_key, tuple(x.shape), keras.backend.standardize_dtype(x.dtype), tensor_specs,
+           tuple(sorted(sizes.items())))
     if key not in _compiled_layer_calls:
         if template_key not in _templates:
             _templates[template_key] = _template(layer, (None, *x.shape[1:]), variables)
@@ -219,7 +224,8 @@ def compiled_inference_call(layer: keras.layers.Layer, x, **sizes: int):
     compiled = _compiled_layer_calls[key]
     if compiled is None:
         return None
-    return compiled([v.value for v in layer.trainable_variables], [v.value for v in layer.non_trainable_variables], x)
+    return compiled([v.value for v in layer.trainable_variables], [v.value for v in layer.non_trainable_variables], x,
+                    tensors)
 
 
 def run_outside_traces(function: Callable[..., Any], *args) -> Any:
@@ -255,8 +261,8 @@ def _built_copy(layer: keras.layers.Layer, input_shape: tuple) -> keras.layers.L
 def _compile(template: keras.layers.Layer, sizes: dict):
     """The XLA-compiled stateless inference call of `template`, `sizes` compiled in."""
 
-    def run(trainable, non_trainable, x):
+    def run(trainable, non_trainable, x, tensors):
         with scope.cpu_kernels(False):  # XLA compiles the portable ops
-            return template.stateless_call(trainable, non_trainable, x, training=False, **sizes)[0]
+            return template.stateless_call(trainable, non_trainable, x, training=False, **tensors, **sizes)[0]
 
     return xla_compiled(run, reduce_retracing=False)

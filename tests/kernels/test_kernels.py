@@ -3,6 +3,7 @@ from what the machine supports, fall back when an internal is missing, and stay 
 
 import collections
 import logging
+import os
 import warnings
 
 import numpy as np
@@ -203,6 +204,39 @@ def test_xla_encoder_blocks_match_the_portable_inference(monkeypatch, batch):
     twin_inference = _traced(lambda x: twin(x, training=False), True)
     assert len(_xla_functions(twin_inference, tf.constant(x))) == 2  # the full blocks' function, the last block's
     np.testing.assert_allclose(twin_inference(tf.constant(x)), portable, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_xla_encoder_blocks_take_the_rotary_tables_and_the_naflex_mask_as_inputs(monkeypatch):
+    """Blocks called with tensors compile too, the tensors inputs of the compiled function: DINOv3's rotary tables
+    (RESULTS.md run AT: its blocks ran uncompiled) and NaFlex's attention mask, the same outputs as the portable
+    inference. An any-size model's tables have no known shape: its blocks run as they are."""
+    from keras_vit import naflex
+    from tests.data.make_family_files import FOLDER, NAFLEX
+
+    rotary = dict(TINY_VIT, position_embedding="none", rope="dinov3", num_register_tokens=2, layer_scale_init=0.5)
+    model = keras_vit.VisionTransformer(**rotary, input_shape=(16, 24, 3), classes=3, classifier_activation=None)
+    randomize(model)
+    x = np.random.default_rng(3).uniform(0, 255, (2, 16, 24, 3)).astype("float32")
+    tower = naflex.NaFlexViT(weights=os.path.join(FOLDER, NAFLEX))
+    rng = np.random.default_rng(4)
+    pictures = [rng.uniform(0, 255, (*size, 3)).astype("uint8") for size in ((40, 90), (70, 30))]
+    patches = naflex.naflex_inputs(pictures, 8, 64)
+    _force(monkeypatch, kernels.PORTABLE)
+    portable, portable_tower = model.predict(x, verbose=0), tower(patches)
+    _force(monkeypatch, kernels.KernelChoice(xla_encoder_blocks=True))
+    model.predict_function = None  # traced again, with the XLA blocks
+    np.testing.assert_allclose(model.predict(x, verbose=0), portable, rtol=1e-5, atol=1e-5)
+    assert np.abs(portable).max() > 0.1
+    with kernels.cpu_kernels(True):  # as Keras' steps of a ViTModel enter it
+        compiled_tower = tower(patches, training=False)
+    for name in ("embedding", "tokens"):
+        np.testing.assert_allclose(compiled_tower[name], portable_tower[name], rtol=1e-5, atol=1e-5)
+    assert len(_xla_functions(_traced(lambda x: model(x, training=False), True), tf.constant(x))) == 1
+    tower_inference = _traced(lambda inputs: tower(inputs, training=False)["embedding"], True)
+    assert _xla_functions(tower_inference, {key: tf.constant(value) for key, value in patches.items()})
+    any_size = keras_vit.VisionTransformer(**rotary, input_shape=(None, None, 3), classes=3)
+    assert not _xla_functions(_traced(lambda x: any_size(x, training=False), True), tf.TensorSpec((2, None, None, 3)))
 
 
 @pytest.mark.slow
