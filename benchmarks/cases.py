@@ -111,7 +111,8 @@ def cases(quick: bool, gpu: bool = False, named: tuple[str, ...] = ()) -> list[C
     full = [*FULL_CASES, *(case for case in NAMED_CASES if case.name in named)]
     if not quick:
         return full
-    return [dataclasses.replace(case, arch="DINOv3-tiny" if ARCHS[case.arch].get("family") else "tiny", warmup=min(case.warmup, 1), iters=min(case.iters, 3))
+    return [dataclasses.replace(case, arch="DINOv3-tiny" if ARCHS[case.arch].get("family") else "tiny",
+                                warmup=min(case.warmup, 1), iters=min(case.iters, 3))
             for case in full]
 
 

@@ -274,12 +274,15 @@ def _token_pooling(config: ViTConfig, include_top: bool, pooling: str | None) ->
         method = "avg"
     elif include_top and config.classifier == "token_gap":
         method = "token_avg"
+    elif include_top and config.classifier == "patch_gap":
+        method = "avg"
     elif include_top and config.class_token + config.distillation_token:
         method = "token"
     else:
         method = pooling or "avg"
     # Models of 0.2.0 average every token; with the family's options, the patch tokens only (as timm).
-    patches_only = config.num_register_tokens or config.fc_norm or method == "token_avg"
+    patches_only = (config.num_register_tokens or config.fc_norm or method == "token_avg"
+                    or config.classifier == "patch_gap")
     return method, config.num_prefix_tokens if patches_only else 0
 
 
@@ -329,9 +332,11 @@ Args:
         variant's row.
     classifier: `"token"` (class token, the paper's default), `"gap"` (global average
         pooling, no class token), `"map"` (no class token; multihead attention pooling, `MAPHead`:
-        SigLIP, big_vision) or `"token_gap"` (a class token; the head reads [class token; mean patch
-        token]: DINOv2's ImageNet classifiers, transformers' `Dinov2ForImageClassification`). Defaults
-        to `"token"` (in `VisionTransformer`: that of `weights=` a checkpoint file, else `"token"`).
+        SigLIP, big_vision), `"token_gap"` (a class token; the head reads [class token; mean patch
+        token]: DINOv2's ImageNet classifiers, transformers' `Dinov2ForImageClassification`) or
+        `"patch_gap"` (a class token; the head reads the mean patch token: timm's `global_pool="avg"`
+        without `fc_norm`, as its DINOv3 models pool). Defaults to `"token"` (in `VisionTransformer`:
+        that of `weights=` a checkpoint file, else `"token"`).
     representation_size: optional int. Width of a `pre_logits` Dense + tanh layer before the
         head (the ImageNet-21k pre-training head). Defaults to `None`: no such layer, except
         that pretrained weights whose head is loaded (`include_top=True` and the checkpoint's

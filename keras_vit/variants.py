@@ -35,8 +35,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 ARCHITECTURE = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers")
-CLASSIFIERS = ("token", "gap", "map", "token_gap")
-CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap")  # those with a class token
+CLASSIFIERS = ("token", "gap", "map", "token_gap", "patch_gap")
+CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap", "patch_gap")  # those with a class token
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")
 ROPE_FORMS = ("dinov3", "eva02")  # the coordinates of `RotaryPositionEmbedding`
 ACTIVATIONS = ("gelu", "quick_gelu", "silu")
@@ -70,7 +70,8 @@ class ViTConfig:
     num_layers: int
     resnet_stages: tuple[int, ...] | None = None
     # Tokens, pooling and head.
-    classifier: str = "token"  # "token_gap": the head reads [class token; mean patch token] (DINOv2's classifiers)
+    classifier: str = "token"  # "token_gap": the head reads [class token; mean patch token] (DINOv2's classifiers);
+    # "patch_gap": a class token, the head reads the mean patch token (timm's global_pool="avg" without fc_norm)
     position_embedding: str = "learned"  # the table added to the tokens ("none": DINOv3)
     rope: str | None = None  # rotary positions of q and k (`RotaryPositionEmbedding`): "dinov3" or "eva02"
     rope_theta: float = 100.0  # RoPE's base period (DINOv3's; EVA-02's is 10000)
@@ -156,7 +157,7 @@ class ViTConfig:
 
     @property
     def class_token(self) -> bool:
-        """Whether the model has a class token (`classifier` "token" or "token_gap")."""
+        """Whether the model has a class token (`classifier` "token", "token_gap" or "patch_gap")."""
         return self.classifier in CLASS_TOKEN_CLASSIFIERS
 
     def replace(self, **changes) -> ViTConfig:

@@ -132,7 +132,7 @@ class CheckpointFile:
         found = self.architecture(num_heads)
         architecture = {name: found[name] for name in (*variants.ARCHITECTURE, "resnet_stages")}
         resampling = (self.position_resampling or (None,))[0]
-        return {**self.default_numerics, **self.fixed, **architecture, "classifier": found["classifier"],
+        return {**self.default_numerics, **self.fixed, **architecture, "classifier": self.classifier,
                 **found["options"],
                 **({"position_resampling": resampling} if resampling else {})}
 
@@ -158,13 +158,23 @@ class CheckpointFile:
         return self.shapes[key][0] if key in self.shapes else None
 
     @property
+    def classifier(self) -> str:
+        """The model's `classifier`: its keys', except `"patch_gap"` where timm's config.json pools the patch tokens'
+        mean beside a class token without fc_norm (`global_pool="avg"`: timm's DINOv3, its heads included)."""
+        classifier = read_architecture(self.shapes, num_heads=1)["classifier"]
+        if classifier == "token" and self.timm_pooling == "avg" and "fc_norm/scale" not in self.shapes:
+            return "patch_gap"
+        return classifier
+
+    @property
     def pooling(self) -> str:
         """The `pooling` that returns what the file's model pools without its head: `"token"`, `"avg"` (the
-        classifier `"gap"`), `"map"` or `"token_avg"` (the classifier `"token_gap"`)."""
-        classifier = read_architecture(self.shapes, num_heads=1)["classifier"]
-        if classifier == "token" and self.timm_pooling == "avg":  # timm's DINOv3: the patch tokens' mean
+        classifiers `"gap"` and `"patch_gap"`, and timm's `global_pool="avg"`), `"map"` or `"token_avg"` (the
+        classifier `"token_gap"`)."""
+        classifier = self.classifier
+        if classifier == "token" and self.timm_pooling == "avg":  # after fc_norm
             return "avg"
-        return {"gap": "avg", "token_gap": "token_avg"}.get(classifier, classifier)
+        return {"gap": "avg", "patch_gap": "avg", "token_gap": "token_avg"}.get(classifier, classifier)
 
     @property
     def head_classes(self) -> int | None:
@@ -237,20 +247,10 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointFile:
     if layout in (torch_layout.TIMM_EVA, torch_layout.TIMM_EVA02):
         gated = any(key.endswith("/MlpBlock_3/Dense_gate/kernel") for key in npz_shapes)
         timm_config = {**(timm_config or {}), **config_files.read_timm_eva_config(files, gated)}
-        _check_eva_head(path, npz_shapes, timm_pooling)
     file = CheckpointFile(path, layout, npz_shapes, header, hf_config, timm_config=timm_config,
                           timm_pooling=timm_pooling, **declared)
     _check_config_matches_weights(file)
     return file
-
-
-def _check_eva_head(path: str, shapes: Mapping[str, tuple[int, ...]], pooling: str | None) -> None:
-    """Refuses a timm Eva head on the patch tokens' mean beside a class token (no fc_norm): keras_vit's heads read
-    the class token there."""
-    if "head/bias" in shapes and "cls" in shapes and pooling == "avg" and "fc_norm/scale" not in shapes:
-        raise ValueError(f"{path!r}: a head on the mean of the patch tokens (timm's global_pool='avg') beside a class "
-                         "token is not implemented; build the backbone (include_top=False, pooling='avg') and add "
-                         "the head yourself. Nothing was loaded.")
 
 
 def _declared_input(files: config_files.Beside) -> dict[str, Any]:

@@ -130,8 +130,8 @@ _UNSUPPORTED = {
                 (r"patch_embed\.norm\..*", "a patch-embedding norm"),
                 (r"attn_pool\..*", "attention pooling")) for layout in (TIMM_EVA, TIMM_EVA02)},
     HF_DINOV2: ((r"encoder\.layer\.\d+\.mlp\.weights_in\..*", "the SwiGLU MLP (use_swiglu_ffn)"),),
-    HF_DINOV3: ((r"classifier\..*", "a classifier on a DINOv3 backbone (its head reads [class token, mean patch "
-                                    "token])"),),
+    HF_DINOV3: ((r"classifier\..*", "a classifier on a DINOv3 backbone (transformers has no DINOv3 classifier "
+                                    "class, so which tokens a head of your own reads is in no file)"),),
 }
 
 

@@ -201,16 +201,18 @@ def test_dinov3_files_give_their_options_and_refuse_what_keras_vit_lacks(tmp_pat
     state = safetensors_file.read_safetensors(str(copy / "model.safetensors"))
     state["classifier.weight"] = np.zeros((5, 64), "float32")
     save_safetensors(state, copy / "model.safetensors")
-    with pytest.raises(ValueError, match=r"a classifier on a DINOv3 backbone \(its head reads \[class token, mean"):
+    with pytest.raises(ValueError, match=r"a classifier on a DINOv3 backbone \(transformers has no DINOv3 classifier "
+                                         r"class, so which tokens a head of your own reads is in no file\)"):
         build(str(copy))
 
 
 def test_timm_eva_files_give_their_options_and_refuse_the_other_eva_models(tmp_path):
     """A timm DINOv3 or EVA-02 file (timm's Eva class) takes its rotary positions, numerics and pooling from its
     config.json's entry point and model_args, its MLP's form from its keys; its query and value biases load, its key
-    bias is zero; EVA-02's interleaved query and key columns are loaded in the half layout. Eva's CLIP towers and
-    other Eva models, model_args keras_vit does not implement, a missing config.json, a head on the patch mean and
-    Eva's normalized attention are refused by name, nothing built."""
+    bias is zero; EVA-02's interleaved query and key columns are loaded in the half layout; a head on the patch
+    tokens' mean beside the class token (timm's default global_pool) reads that mean. Eva's CLIP towers and other Eva
+    models, model_args keras_vit does not implement, a missing config.json and Eva's normalized attention are
+    refused by name, nothing built."""
     import shutil
 
     from keras_vit.checkpoints import safetensors_file
@@ -230,8 +232,9 @@ def test_timm_eva_files_give_their_options_and_refuse_the_other_eva_models(tmp_p
     assert not np.any(keras.ops.convert_to_numpy(attention.key_dense.bias))
     assert (read_checkpoint(folder).pooling, read_checkpoint(os.path.join(FOLDER, "timm_dinov3_112")).pooling) == (
         "token", "avg")  # each file's global_pool: DINOv3's class token, timm's default patch mean
-    plain = build(os.path.join(FOLDER, "timm_dinov3_112")).vit_config
-    assert (plain.gated_mlp, plain.activation, plain.rope_theta) == (False, "gelu", 100.0)
+    plain = build(os.path.join(FOLDER, "timm_dinov3_112")).vit_config  # with a head on the patch tokens' mean
+    assert (plain.gated_mlp, plain.activation, plain.rope_theta, plain.classifier) == (False, "gelu", 100.0,
+                                                                                       "patch_gap")
     eva02_folder = os.path.join(FOLDER, "timm_eva02_mlp_norm_126")
     eva02 = build(eva02_folder)
     assert {name: getattr(eva02.vit_config, name) for name in (
@@ -262,11 +265,45 @@ def test_timm_eva_files_give_their_options_and_refuse_the_other_eva_models(tmp_p
     refused(dict(config, model_args=dict(config["model_args"], rope_type="cat")),
             r"vit_huge_plus_patch16_dinov3 with rope_type='cat' computes what keras_vit does not implement")
     refused(None, r"timm Eva checkpoint .* without its config.json: its rotary positions are stored in no tensor")
-    refused(dict(config, global_pool="avg", model_args=dict(config["model_args"], global_pool="avg", num_classes=3)),
-            r"a head on the mean of the patch tokens \(timm's global_pool='avg'\) beside a class token",
-            dict(state, **{"head.weight": np.zeros((3, 32), "float32"), "head.bias": np.zeros(3, "float32")}))
     refused(config, r"features keras_vit does not implement: the normalized attention output \(scale_attn_inner",
             dict(state, **{"blocks.0.attn.norm.weight": np.ones(32, "float32")}))
+
+
+def hub_cache_of(root, repo: str, folder: str, commit: str = "5e1f0c2a") -> None:
+    """`folder` in huggingface_hub's cache layout under `root`: each file a blob named by its sha256, linked from
+    snapshots/<commit>/, and refs/main naming the commit."""
+    import hashlib
+
+    model = root / ("models--" + repo.replace("/", "--"))
+    (model / "blobs").mkdir(parents=True)
+    (model / "snapshots" / commit).mkdir(parents=True)
+    (model / "refs").mkdir()
+    (model / "refs" / "main").write_text(commit)
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as file:
+            data = file.read()
+        blob = hashlib.sha256(data).hexdigest()
+        (model / "blobs" / blob).write_bytes(data)
+        (model / "snapshots" / commit / name).symlink_to(os.path.join("..", "..", "blobs", blob))
+
+
+@pytest.mark.parametrize("name, repo", [("hf_dinov3_swiglu_112", "facebook/dinov3-vith16plus-pretrain-lvd1689m"),
+                                        ("timm_eva02_112", "timm/eva02_tiny_patch14_224.mim_in22k")])
+def test_rotary_families_load_from_the_hub_cache_by_name(tmp_path, monkeypatch, name, repo):
+    """`hf://org/name` of a DINOv3 (transformers) or EVA-02 (timm) folder in the hub cache, offline, as
+    huggingface_hub lays it out (links to blobs): its model, size and transform as the folder's, what
+    keras-vit-export builds at the file's own size, and its source library's output."""
+    folder, meta, reference = case(name)
+    hub_cache_of(tmp_path, repo, folder)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    by_name, by_folder = build(f"hf://{repo}"), build(folder)
+    assert by_name.vit_config == by_folder.vit_config and by_name.vit_config.rope is not None
+    assert by_name.preprocessing_config == by_folder.preprocessing_config
+    pixels = reference["pixels"].astype("float32")
+    np.testing.assert_array_equal(by_name.predict_on_batch(pixels), by_folder.predict_on_batch(pixels))
+    assert_agrees(by_name.predict_on_batch(pixels), reference["output"], name)
+    assert tuple(model_files.load_or_build(weights=f"hf://{repo}").input_shape[1:3]) == tuple(meta["native_size"])
 
 
 def test_resize_sizes_are_transformers_own_for_every_shortest_edge():

@@ -490,9 +490,9 @@ def timm_eva_cases() -> None:
     timm, _ = import_timm()
     tiny = dict(embed_dim=32, depth=2, num_heads=2)
     photos, dinov3_sizes = photographs(), [(224, 224), (256, 192), (320, 320)]
-    # DINOv3 S/B/L form: plain MLP (exact GELU), no query/key/value bias; timm's default pooling, the patch tokens'
-    # mean.
-    timm_eva_case("timm_dinov3_112", timm, photos, "vit_small_patch16_dinov3", dict(tiny, mlp_ratio=2.0, num_classes=0),
+    # DINOv3 S/B/L form: plain MLP (exact GELU), no query/key/value bias; a head on timm's default pooling, the patch
+    # tokens' mean beside the class token (no fc_norm): a DINOv3 fine-tuned with timm.
+    timm_eva_case("timm_dinov3_112", timm, photos, "vit_small_patch16_dinov3", dict(tiny, mlp_ratio=2.0, num_classes=3),
                   112, 0.875, dinov3_sizes, "dinov3")
     # DINOv3 H+ form: SwiGLU MLP (SiLU), query and value biases, another base period, pooled by the class token.
     timm_eva_case("timm_dinov3_swiglu_128", timm, photos, "vit_huge_plus_patch16_dinov3",

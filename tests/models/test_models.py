@@ -281,7 +281,8 @@ def test_attention_model_hybrid():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(input_shape=(30, 32, 3)), r"Input height 30 is not divisible by the model's patch stride 8"),
     (dict(input_shape=(32, 36, 3)), r"Input width 36 is not divisible by the model's patch stride 8"),
-    (dict(classifier="cls"), r"Unknown classifier 'cls'. Expected one of \('token', 'gap', 'map', 'token_gap'\)"),
+    (dict(classifier="cls"),
+     r"Unknown classifier 'cls'. Expected one of \('token', 'gap', 'map', 'token_gap', 'patch_gap'\)"),
     (dict(pooling="max", include_top=False), r"Unknown pooling 'max'. Expected None or one of"),
     (dict(position_embedding="alibi"), r"Unknown position_embedding 'alibi'"),
     (dict(classes=0), r"`classes` must be a positive int. Received: classes=0"),
