@@ -50,8 +50,8 @@ import numpy as np
 from keras import ops
 
 from keras_vit.kernels import scope, tf_ops
-from keras_vit.kernels.machine import (ENV_SWITCH, PORTABLE, XLA_BLOCK_MAX_ROWS, Capabilities, KernelChoice,
-                                       active, choose, cpu_flags, detect, machine_choice,
+from keras_vit.kernels.machine import (ENV_SWITCH, NATIVE_BFLOAT16_FLAGS, PORTABLE, XLA_BLOCK_MAX_ROWS, Capabilities,
+                                       KernelChoice, active, choose, cpu_flags, detect, machine_choice,
                                        warn_if_bfloat16_is_emulated)
 from keras_vit.kernels.scope import SERVING_KERNELS, check_serving_kernels, cpu_kernels, served_on
 
@@ -278,8 +278,8 @@ def _compilable_input(x) -> bool:
             and keras.backend.standardize_dtype(x.dtype) == "float32")
 
 
-__all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "PORTABLE", "SERVING_KERNELS", "XLA_BLOCK_MAX_ROWS",
-           "AttentionKernel", "Capabilities", "KernelChoice", "active", "attention_kernel", "batch_matmul",
-           "check_serving_kernels", "choose", "compiled_inference", "cpu_flags", "cpu_kernels", "dense", "detect",
-           "exact_quotient", "expect_size", "fused_attention", "gelu", "layer_norm", "machine_choice",
+__all__ = ["ENV_SWITCH", "FUSED_ATTENTION_SWITCH", "NATIVE_BFLOAT16_FLAGS", "PORTABLE", "SERVING_KERNELS",
+           "XLA_BLOCK_MAX_ROWS", "AttentionKernel", "Capabilities", "KernelChoice", "active", "attention_kernel",
+           "batch_matmul", "check_serving_kernels", "choose", "compiled_inference", "cpu_flags", "cpu_kernels", "dense",
+           "detect", "exact_quotient", "expect_size", "fused_attention", "gelu", "layer_norm", "machine_choice",
            "rematerialized", "served_on", "warn_if_bfloat16_is_emulated"]

@@ -26,6 +26,8 @@ ENV_SWITCH = "KERAS_VIT_KERNELS"  # "portable" turns every CPU-specific kernel o
 # Batch * tokens up to which an XLA-compiled block beats the separate kernels (B/16 on the AVX2
 # CPU: 6% faster at 4 images of 197 tokens, 3% at 8, 7% slower at 16).
 XLA_BLOCK_MAX_ROWS = 2048
+# The CPU flags of bfloat16 arithmetic in hardware, and their names: elsewhere oneDNN emulates it.
+NATIVE_BFLOAT16_FLAGS = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Capabilities:
     @property
     def native_bfloat16(self) -> bool:
         """bfloat16 arithmetic in hardware (AVX512-BF16 or AMX); otherwise oneDNN emulates it."""
-        return bool({"avx512_bf16", "amx_bf16"} & self.cpu_flags)
+        return bool(NATIVE_BFLOAT16_FLAGS.keys() & self.cpu_flags)
 
     @property
     def amx(self) -> bool:
