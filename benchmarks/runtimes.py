@@ -9,7 +9,8 @@ each file taking [0, 255] pixels at the model's size with the preprocessing insi
 - `savedmodel_fp32`, `savedmodel_bf16`: `export_saved_model` (`precision="bfloat16"`: bfloat16 weights and layers),
   run through TF1's loader (`serving_default`), as TF Serving runs it;
 - `onnx_fp32`: `export_onnx`, in ONNX Runtime; `onnx_int8`: that file through ONNX Runtime's post-training
-  `quantize_dynamic` (int8 weights, activations quantized at run time: its path without calibration);
+  `quantize_dynamic` (`onnx_file.quantize_in_place`, as `--precision int8` writes it: int8 weights, activations
+  quantized at run time);
 - `openvino_fp32`, `openvino_default`: `export_openvino`, compiled in float32 and at the CPU's default precision
   (bfloat16 on CPUs with AVX512-BF16 or AMX); OpenVINO's int8 path (NNCF) is not installed here;
 - `litert_fp32`, `litert_dynamic_int8`: `keras_vit.export.tflite_conversion.convert`, in LiteRT's interpreter
@@ -29,6 +30,7 @@ import json
 import os
 import statistics
 import subprocess
+import shutil
 import sys
 import tempfile
 import time
@@ -64,10 +66,10 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
             if kind not in written:
                 written[kind] = str(onnx_file.export_onnx(model, os.path.join(out, kind)) / onnx_file.ONNX_FILE)
             paths[form] = written[kind]
-            if precision == "int8":
-                from onnxruntime.quantization import QuantType, quantize_dynamic
+            if precision == "int8":  # what `keras-vit-export --format onnx --precision int8` writes
                 paths[form] = os.path.join(out, kind, "model_int8.onnx")
-                quantize_dynamic(written[kind], paths[form], weight_type=QuantType.QInt8)
+                shutil.copyfile(written[kind], paths[form])
+                onnx_file.quantize_in_place(paths[form])
         elif kind == "openvino":
             if kind not in written:
                 written[kind] = str(openvino_file.export_openvino(model, os.path.join(out, kind))

@@ -8,6 +8,12 @@ measured is written beside it (`REPORT_FILE`).
 The file is Keras' own `Model.export(format="onnx")`, which on TensorFlow converts the traced graph with tf2onnx.
 Images are not decoded or resized in the graph (ONNX has no image decoder): give it pixels at the model's size
 (`report["image_size"]`), resized as `report["preprocessing"]` says.
+
+`precision="int8"` writes that file after ONNX Runtime's post-training dynamic quantization (`quantize_dynamic`:
+int8 weights, activations quantized per batch at run time; the form ONNX Runtime recommends for transformers,
+with no calibration images), checked first as float32 against Keras, then on real photographs against the Keras
+model's top-1 (`export.precision.agreement`, in batches of 16), refused past `max_top1_drop` points. Each batch's
+activations share one int8 scale, so an image's outputs depend slightly on the other images of its batch.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ import warnings
 from pathlib import Path
 
 import keras
+import numpy as np
 
 from keras_vit.atomic import atomic_write
 
-from . import model_io, runtime_files
+from . import model_io, precision as precisions, runtime_files
 from .runtime_files import INPUT_NAME, MAX_RELATIVE_DIFF, check_images
 
 ONNX_FILE = "model.onnx"
+PRECISIONS = ("float32", "int8")
+INT8_METHOD = "onnxruntime.quantization.quantize_dynamic (int8 weights, activations quantized at run time)"
 REPORT_FILE = "keras_vit_onnx.json"
 DISTRIBUTIONS = ("onnx", "onnxruntime", "tf2onnx")  # keras_vit[onnx]
 
@@ -40,7 +49,8 @@ def missing_modules() -> list[str]:
 
 def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int | None = None,
                 overwrite: bool = False, opset_version: int | None = None,
-                max_relative_diff: float = MAX_RELATIVE_DIFF) -> Path:
+                max_relative_diff: float = MAX_RELATIVE_DIFF, precision: str = "float32",
+                max_top1_drop: float = precisions.DEFAULT_MAX_TOP1_DROP) -> Path:
     """Writes `base_dir/<version>/model.onnx` and its report, checked against `model` with ONNX Runtime, whole or not
     at all; returns the version folder.
 
@@ -52,13 +62,22 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
         overwrite: replace an existing `<version>/`. Defaults to `False` (FileExistsError).
         opset_version: the ONNX opset. Defaults to tf2onnx's.
         max_relative_diff: the most |ONNX Runtime - Keras| / max(1, max |Keras|) allowed on the check images
-            (`check_images`). Defaults to `MAX_RELATIVE_DIFF` (1e-4).
+            (`check_images`), of the float32 file. Defaults to `MAX_RELATIVE_DIFF` (1e-4).
+        precision: `"float32"` (default) or `"int8"` (ONNX Runtime's dynamic quantization of the checked float32
+            file).
+        max_top1_drop: for int8, the most points of top-1 agreement with the Keras model it may lose on
+            `precision.CHECK_PHOTOS` crops of real photographs. Defaults to 1.
 
     Raises:
         ImportError: keras_vit[onnx] is not installed (naming what to install).
         OnnxMismatchError: ONNX Runtime's outputs are over `max_relative_diff` from Keras' (nothing is written).
+        export.precision.Top1DropError: the int8 file loses more than `max_top1_drop` points (nothing is written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown ONNX precision {precision!r}. Expected one of {', '.join(PRECISIONS)}.")
+    if not max_top1_drop >= 0:
+        raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
     version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "ONNX", "onnx",
                                                              DISTRIBUTIONS)
     import onnxruntime
@@ -77,15 +96,45 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
         images = check_images(model)
         measured = runtime_files.compare(run, pixel_model, images, "ONNX", OnnxMismatchError)
         runtime_files.require_within(measured, max_relative_diff, "ONNX Runtime", version, OnnxMismatchError)
-        report = {"file": ONNX_FILE, "input": INPUT_NAME, "input_shape": list(spec.shape),
+        quantization = {}
+        if precision == "int8":
+            quantize_in_place(path)
+            session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+            quantization = {"quantization": INT8_METHOD, "float32_check": measured,
+                            "int8_check": _int8_check(run, model, pixel_model, max_top1_drop)}
+            measured = runtime_files.compare(run, pixel_model, images, "ONNX", OnnxMismatchError)
+        report = {"file": ONNX_FILE, "precision": precision, "input": INPUT_NAME, "input_shape": list(spec.shape),
                   "image_size": list(model_io.image_size(model)), "any_size_stride": model_io.patch_stride(model),
                   "outputs": [output.name for output in session.get_outputs()],
                   "preprocessing": model_io.preprocessing_config(model).to_dict(),
-                  "onnxruntime": onnxruntime.__version__, **measured,
+                  "onnxruntime": onnxruntime.__version__, **measured, **quantization,
                   "max_relative_diff_allowed": max_relative_diff,
                   "latency_ms_median_batch_1": runtime_files.median_latency_ms(run, images[1])}
         Path(partial, REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return target
+
+
+def quantize_in_place(path: str) -> None:
+    """Replaces the ONNX file at `path` with ONNX Runtime's dynamic int8 quantization of it."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantized = path + ".int8"
+    quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
+    os.replace(quantized, path)
+
+
+def _int8_check(run, model: keras.Model, pixel_model: keras.Model, max_top1_drop: float) -> dict:
+    """The int8 file (`run`) against the Keras model on `precision.CHECK_PHOTOS` photo crops at the model's size;
+    raises `precision.Top1DropError` past `max_top1_drop` points of top-1."""
+    from . import data
+
+    photos = data.photos(model_io.image_size(model), count=precisions.CHECK_PHOTOS)
+    reference = precisions.outputs(pixel_model, photos)
+    ours = np.concatenate([run(photos[start:start + 16]) for start in range(0, len(photos), 16)])
+    check = precisions.agreement(reference, ours.astype(np.float64).reshape(len(photos), -1), max_top1_drop)
+    if check["refused"]:
+        raise precisions.Top1DropError(precisions.refusal(check, "The int8 ONNX file"))
+    return check
 
 
 def read_report(version_dir: str | os.PathLike) -> dict:

@@ -31,7 +31,8 @@ CHECK_PHOTOS = 128  # crops of real photographs the bfloat16 model is checked on
 
 
 class Top1DropError(ValueError):
-    """The bfloat16 model disagrees with the float32 one on more images than allowed: nothing was written."""
+    """A reduced-precision model (a bfloat16 SavedModel, an int8 ONNX file) disagrees with the float32 model on more
+    images than allowed: nothing was written."""
 
 
 def resolve(precision: str) -> tuple[str, str]:
@@ -41,9 +42,8 @@ def resolve(precision: str) -> tuple[str, str]:
         raise ValueError(f"Unknown precision {precision!r}. Expected one of {', '.join(PRECISIONS)}.")
     if precision != "auto":
         return precision, "asked for"
-    flags = kernels.cpu_flags()
-    native = sorted({"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}[flag] for flag in
-                    flags & {"avx512_bf16", "amx_bf16"})
+    native = sorted(kernels.NATIVE_BFLOAT16_FLAGS[flag] for flag in
+                    kernels.cpu_flags() & kernels.NATIVE_BFLOAT16_FLAGS.keys())
     if native:
         return "bfloat16", f"auto: this CPU has {' and '.join(native)}"
     return "float32", "auto: this CPU has no native bfloat16 (no AVX512-BF16 or AMX)"
@@ -86,15 +86,24 @@ def check(model: keras.Model, twin: keras.Model, images: np.ndarray,
     model's size, normalized by each model's own pixel input): max |difference| relative to the largest float32
     output, top-1 agreement (for a classifier; for an embedding, the least cosine), `refused` past `max_top1_drop`
     points of top-1."""
+    reference = outputs(model_io.with_pixel_input(model), images)
+    ours = outputs(model_io.with_pixel_input(twin, model_io.preprocessing_config(model)), images)
+    return agreement(reference, ours, max_top1_drop)
+
+
+def agreement(reference: np.ndarray, ours: np.ndarray, max_top1_drop: float = DEFAULT_MAX_TOP1_DROP
+              ) -> dict[str, Any]:
+    """How outputs `ours` agree with the float32 model's `reference` ((N, features) each, one row per image): max
+    |difference| relative to the largest reference output, top-1 agreement (for a classifier; for an embedding, the
+    least cosine), `refused` past `max_top1_drop` points of top-1."""
     if not max_top1_drop >= 0:
         raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
-    reference = _outputs(model_io.with_pixel_input(model), images)
-    ours = _outputs(model_io.with_pixel_input(twin, model_io.preprocessing_config(model)), images)
-    report = {"images": len(images), "max_relative_diff": float(np.abs(ours - reference).max()
-                                                                 / max(float(np.abs(reference).max()), 1e-30))}
+    report = {"images": len(reference), "max_relative_diff": float(np.abs(ours - reference).max()
+                                                                    / max(float(np.abs(reference).max()), 1e-30))}
     if reference.ndim == 2 and reference.shape[-1] > 1:
         disagreements = int(np.count_nonzero(ours.argmax(-1) != reference.argmax(-1)))
-        report.update(top1_agreement=1 - disagreements / len(images), top1_drop=100.0 * disagreements / len(images))
+        report.update(top1_agreement=1 - disagreements / len(reference),
+                      top1_drop=100.0 * disagreements / len(reference))
     cosines = np.sum(ours * reference, -1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(reference, axis=-1))
     report["min_cosine"] = float(cosines.min())
     report["max_top1_drop"] = max_top1_drop
@@ -102,19 +111,18 @@ def check(model: keras.Model, twin: keras.Model, images: np.ndarray,
     return report
 
 
-def _outputs(model: keras.Model, images: np.ndarray, batch: int = 16) -> np.ndarray:
+def outputs(model: keras.Model, images: np.ndarray, batch: int = 16) -> np.ndarray:
     """The model's first output on `images`, called as the SavedModel calls it (portable ops), float64, flattened
     to (N, features)."""
     results = []
     for start in range(0, len(images), batch):
-        outputs = model(images[start:start + batch], training=False)
-        first = keras.tree.flatten(outputs)[0]
+        first = keras.tree.flatten(model(images[start:start + batch], training=False))[0]
         results.append(np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(first, "float32")), dtype=np.float64))
     return np.concatenate(results).reshape(len(images), -1)
 
 
-def refusal(report: dict[str, Any]) -> str:
-    """One line for a refused bfloat16 export."""
-    return (f"The bfloat16 model's top-1 disagrees with float32 on {report['top1_drop']:.2f} points of "
+def refusal(report: dict[str, Any], what: str = "The bfloat16 model") -> str:
+    """One line for a refused reduced-precision export of `what`."""
+    return (f"{what}'s top-1 disagrees with float32 on {report['top1_drop']:.2f} points of "
             f"{report['images']} photographs, over max_top1_drop={report['max_top1_drop']:g}, so nothing was "
             "written: export in float32 (--precision float32), or allow more (--max-top1-drop)")

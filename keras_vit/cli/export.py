@@ -3,6 +3,7 @@
 
     keras-vit-export --model vit.keras --out /models/vit [--version N] [--overwrite]
     keras-vit-export --model vit.keras --format onnx --out /models/vit  # OUT/<version>/model.onnx, checked
+    keras-vit-export --model vit.keras --format onnx --precision int8 --out /models/vit  # ONNX Runtime's int8
     keras-vit-export --model vit.keras --format openvino --out /models/vit  # OUT/<version>/model.xml, checked
     keras-vit-export --variant B/16 --weights vit.weights.h5 --out /models/vit
     keras-vit-export --variant B/16 --weights imagenet --any-size --out /models/vit
@@ -31,7 +32,10 @@ SIGNATURES = ("embed", "features", "explain")  # serving.EXTRA_SIGNATURES
 SERVING_KERNELS = ("onednn", "eigen")  # keras_vit.kernels.SERVING_KERNELS
 FORMATS = ("saved_model", "onnx", "openvino")
 FILE_FORMATS = {"onnx": "ONNX", "openvino": "OpenVINO"}  # pixels in, the model's own outputs out
-PRECISIONS = ("float32", "bfloat16", "auto")  # keras_vit.export.precision.PRECISIONS
+PRECISIONS = ("float32", "bfloat16", "auto", "int8")
+# The precisions of each format (keras_vit.export.precision.PRECISIONS, onnx_file.PRECISIONS).
+FORMAT_PRECISIONS = {"saved_model": ("float32", "bfloat16", "auto"), "onnx": ("float32", "int8"),
+                     "openvino": ("float32",)}
 DEFAULT_MAX_TOP1_DROP = 1.0  # keras_vit.export.precision.DEFAULT_MAX_TOP1_DROP
 # The flags of the SavedModel's serving signatures, which an ONNX file (pixels in, the model's outputs out) has not.
 SAVED_MODEL_ONLY = {"class_names": "--class-names", "signatures": "--signatures", "l2_normalize": "--l2-normalize"}
@@ -88,13 +92,15 @@ def _parser() -> argparse.ArgumentParser:
                              "request's images run in groups small enough for malloc to reuse their buffers. Same "
                              "outputs either way")
     parser.add_argument("--precision", choices=PRECISIONS, default="float32",
-                        help="what the SavedModel computes in: float32 (default); bfloat16 (weights and layers, "
-                             "float32 in and out; about 2x faster on CPUs with AVX512-BF16 or AMX, slower on "
-                             "others), checked against float32 on real photographs first; auto: bfloat16 where "
-                             "this machine's CPU has AVX512-BF16 or AMX, else float32")
+                        help="what the file computes in: float32 (default); for a SavedModel bfloat16 (weights and "
+                             "layers, float32 in and out; about 2x faster on CPUs with AVX512-BF16 or AMX, slower "
+                             "on others), checked against float32 on real photographs first, or auto: bfloat16 "
+                             "where this machine's CPU has AVX512-BF16 or AMX, else float32; for --format onnx "
+                             "int8: ONNX Runtime's dynamic quantization of the checked float32 file, checked on "
+                             "real photographs")
     parser.add_argument("--max-top1-drop", type=float, default=DEFAULT_MAX_TOP1_DROP, metavar="POINTS",
-                        help="for bfloat16: the most points of top-1 agreement with the float32 model it may lose "
-                             "on the check photographs, else nothing is written (default: %(default)s)")
+                        help="for bfloat16 and int8: the most points of top-1 agreement with the float32 model it "
+                             "may lose on the check photographs, else nothing is written (default: %(default)s)")
     parser.add_argument("--max-num-patches", type=int,
                         help="SigLIP 2 NaFlex --weights only: the patch budget; each image keeps its aspect ratio, "
                              "resized inside the graph to the largest grid of at most this many patches (default: "
@@ -120,9 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if given:
             parser.error(f"{given[0]} shapes the SavedModel's serving signatures; --format {args.format} writes the "
                          "model's own outputs (drop the flag, or export a SavedModel).")
-        if args.precision != "float32":
-            parser.error(f"--precision {args.precision} applies to SavedModels; --format {args.format} writes "
-                         "float32 (drop the flag, or export a SavedModel).")
+
+    if args.precision not in FORMAT_PRECISIONS[args.format]:
+        takes = [f"--format {name}" for name, precisions in FORMAT_PRECISIONS.items() if args.precision in precisions]
+        parser.error(f"--precision {args.precision} applies to {' and '.join(takes)}; --format {args.format} writes "
+                     f"{' or '.join(FORMAT_PRECISIONS[args.format])}.")
     signatures = _names(args.signatures)
     unknown = [name for name in signatures if name not in SIGNATURES]
     if unknown:
@@ -217,12 +225,19 @@ def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, si
 def _write_onnx(model, args: argparse.Namespace) -> int:
     from keras_vit.export import onnx_file
 
-    path = onnx_file.export_onnx(model, args.out, version=args.version, overwrite=args.overwrite)
+    path = onnx_file.export_onnx(model, args.out, version=args.version, overwrite=args.overwrite,
+                                 precision=args.precision, max_top1_drop=args.max_top1_drop)
     report = onnx_file.read_report(path)
-    print(f"Wrote ONNX file {path / onnx_file.ONNX_FILE}: input {report['input']} {report['input_shape']}; ONNX "
-          f"Runtime {report['onnxruntime']} agrees with Keras to {report['max_relative_diff']:.1e} (relative; "
-          f"allowed {report['max_relative_diff_allowed']:g}) on {len(report['checked_shapes'])} batches; "
-          f"{report['latency_ms_median_batch_1']:.1f} ms per image at batch 1 here.")
+    check = report.get("float32_check", report)  # an int8 file was checked as float32 before it was quantized
+    line = (f"Wrote ONNX file {path / onnx_file.ONNX_FILE}: input {report['input']} {report['input_shape']}; ONNX "
+            f"Runtime {report['onnxruntime']} agrees with Keras to {check['max_relative_diff']:.1e} (relative; "
+            f"allowed {report['max_relative_diff_allowed']:g}) on {len(check['checked_shapes'])} batches")
+    if "int8_check" in report:
+        int8 = report["int8_check"]
+        agreement = f"top-1 agreement {100 * int8['top1_agreement']:.1f}%, " if "top1_agreement" in int8 else ""
+        line += (f" in float32; int8 (ONNX Runtime's dynamic quantization) against Keras on {int8['images']} "
+                 f"photographs: {agreement}least cosine {int8['min_cosine']:.4f}")
+    print(f"{line}; {report['latency_ms_median_batch_1']:.1f} ms per image at batch 1 here.")
     return 0
 
 

@@ -1,7 +1,8 @@
 """ONNX files: Keras' own `Model.export(format="onnx")` of a keras_vit model after `predict` (it refused such a model
 as "never called"), and `keras-vit-export --format onnx`: `OUT/<version>/model.onnx` with the preprocessing inside,
-a dynamic batch (and height and width for a model of any size), checked with ONNX Runtime against Keras before it
-is written, whole or not at all."""
+a dynamic batch, checked with ONNX Runtime against Keras before it is written, whole or not at all; its int8 form
+(`--precision int8`) checked on photographs. What ONNX files share with OpenVINO's (any size, a tower, a file that
+disagrees, a missing runtime): tests/export/test_runtime_files.py."""
 
 import os
 
@@ -9,10 +10,9 @@ import numpy as np
 import onnxruntime
 import pytest
 
-import keras_vit
 from keras_vit.cli import export as export_cli
-from keras_vit.export import onnx_file, runtime_files
-from tests.testing import TINY_VIT, save_checkpoint, tiny_model, vit_checkpoint
+from keras_vit.export import data, onnx_file, precision
+from tests.testing import tiny_model
 
 
 def pixels(shape, seed=0) -> np.ndarray:
@@ -71,39 +71,49 @@ def test_cli_writes_versions_checked_against_keras_and_never_overwrites(tmp_path
     assert sorted(os.listdir(base)) == ["1"]
 
 
-def test_any_size_file_takes_each_size_and_a_tower_its_embedding(tmp_path):
-    """A checkpoint built for any size (`--any-size`): height and width are dynamic in the file, and each size
-    gives the Keras model's logits; an image tower (`include_top=False`) gives its pooled embedding."""
-    checkpoint = save_checkpoint(tmp_path / "vit.npz", vit_checkpoint(TINY_VIT, seed=3))
-    base = tmp_path / "any"
-    assert export_cli.main(["--weights", checkpoint, "--any-size", "--format", "onnx", "--out", str(base)]) == 0
-    report = onnx_file.read_report(base / "1")
-    assert report["input_shape"] == [None, None, None, 3] and report["any_size_stride"] == TINY_VIT["patch_size"]
-    assert report["checked_shapes"][-1] == [4, 48, 40, 3]  # two strides taller, one wider than its 32 x 32
-    model = keras_vit.VisionTransformer(weights=checkpoint, input_shape=(None, None, 3), classes=10)
-    for shape in ((2, 32, 32, 3), (1, 24, 56, 3)):
-        images = pixels(shape, seed=2)
-        np.testing.assert_allclose(run(base / "1" / "model.onnx", images), model(images), atol=1e-5, rtol=0)
+def test_int8_file_is_onnx_runtimes_dynamic_quantization_checked_on_photographs(tmp_path, capsys):
+    """--precision int8: the float32 file is checked against Keras, then quantized by ONNX Runtime (integer matmuls,
+    int8 weights) and checked on real photographs; the report's top-1 agreement is the file's own, recomputed here."""
+    import onnx
 
-    tower = keras_vit.VisionTransformer(weights=checkpoint, include_top=False, pooling="token")
-    path = onnx_file.export_onnx(tower, tmp_path / "tower")
-    images = pixels((2, 32, 32, 3), seed=3)
-    embedding = run(path / "model.onnx", images)
-    assert embedding.shape == (2, TINY_VIT["hidden_dim"])
-    np.testing.assert_allclose(embedding, tower(images), atol=1e-5, rtol=0)
-
-
-def test_a_file_that_disagrees_is_not_written(tmp_path):
+    model = tiny_model("plain")
+    model_file = tmp_path / "tiny.keras"
+    model.save(model_file)
     base = tmp_path / "onnx"
-    with pytest.raises(onnx_file.OnnxMismatchError, match=r"over max_relative_diff=-1: version 1 was not written"):
-        onnx_file.export_onnx(tiny_model("plain"), base, max_relative_diff=-1)
-    assert os.listdir(base) == []  # no version, no partial folder
+    assert export_cli.main(["--model", str(model_file), "--format", "onnx", "--precision", "int8",
+                            "--out", str(base)]) == 0
+    printed = capsys.readouterr().out
+    report = onnx_file.read_report(base / "1")
+    assert (report["precision"], report["quantization"]) == ("int8", onnx_file.INT8_METHOD)
+    assert report["float32_check"]["max_relative_diff"] <= onnx_file.MAX_RELATIVE_DIFF
+    graph = onnx.load(str(base / "1" / onnx_file.ONNX_FILE)).graph
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= {node.op_type for node in graph.node}
+    assert any(tensor.data_type == onnx.TensorProto.INT8 for tensor in graph.initializer)
+    check = report["int8_check"]
+    photos = data.photos((32, 32), count=precision.CHECK_PHOTOS)
+    # In batches of 16, as checked: the activations' int8 scale is each batch's, so an image's outputs depend on
+    # the other images of its batch.
+    ours = np.concatenate([run(base / "1" / onnx_file.ONNX_FILE, photos[start:start + 16])
+                           for start in range(0, len(photos), 16)])
+    expected = np.asarray(model(photos))
+    assert check["images"] == precision.CHECK_PHOTOS and not check["refused"]
+    assert check["top1_agreement"] == np.mean(ours.argmax(-1) == expected.argmax(-1)) >= 0.9
+    assert 0 < np.abs(ours - expected).max() < 0.1  # quantized: close, not float32-equal
+    assert (f"in float32; int8 (ONNX Runtime's dynamic quantization) against Keras on {precision.CHECK_PHOTOS} "
+            f"photographs: top-1 agreement {100 * check['top1_agreement']:.1f}%") in printed, printed
 
 
-def test_without_onnx_runtime_one_line_names_the_extra(tmp_path, monkeypatch):
-    monkeypatch.setattr(runtime_files.importlib.util, "find_spec",
-                        lambda name, *args: None if name == "onnxruntime" else object())
-    expected = r'needs onnxruntime, which is not installed: pip install "keras_vit\[onnx\]"'
-    with pytest.raises(ImportError, match=expected):
-        onnx_file.export_onnx(tiny_model("plain"), tmp_path / "onnx")
-    assert not (tmp_path / "onnx").exists()
+def test_an_int8_file_that_loses_top1_is_not_written(tmp_path, monkeypatch):
+    """An int8 file whose top-1 disagrees with Keras past --max-top1-drop (here: another model's file stands for a
+    quantization gone wrong) is refused, nothing written."""
+    import shutil
+
+    other = onnx_file.export_onnx(tiny_model("plain", seed=7), tmp_path / "other") / onnx_file.ONNX_FILE
+    monkeypatch.setattr(onnx_file, "quantize_in_place", lambda path: shutil.copyfile(other, path))
+    base = tmp_path / "onnx"
+    with pytest.raises(precision.Top1DropError, match=r"^The int8 ONNX file's top-1 disagrees with float32 on "
+                       r"[0-9.]+ points of 128 photographs, over max_top1_drop=1, so nothing was written"):
+        onnx_file.export_onnx(tiny_model("plain"), base, precision="int8")
+    assert os.listdir(base) == []
+    with pytest.raises(ValueError, match=r"Unknown ONNX precision 'int4'. Expected one of float32, int8."):
+        onnx_file.export_onnx(tiny_model("plain"), base, precision="int4")

@@ -1,7 +1,7 @@
 """bfloat16 SavedModels (`keras-vit-export --precision`): the model rebuilt in bfloat16, checked against float32
 before anything is written, served with float32 inputs and outputs."""
 
-import json
+import os
 
 import numpy as np
 import pytest
@@ -126,6 +126,17 @@ def test_cli_refuses_precision_where_it_does_not_apply(tmp_path, capsys):
         export_cli.main(["--variant", "Ti/16", "--out", str(tmp_path), "--format", "onnx", "--precision",
                          "bfloat16"])
     assert stop.value.code == 2
-    assert "--precision bfloat16 applies to SavedModels; --format onnx writes float32" in capsys.readouterr().err
-    assert json.loads(json.dumps(export_cli.PRECISIONS)) == list(precision.PRECISIONS)
+    assert ("--precision bfloat16 applies to --format saved_model; --format onnx writes float32 or int8."
+            in capsys.readouterr().err)
+    with pytest.raises(SystemExit) as stop:
+        export_cli.main(["--variant", "Ti/16", "--out", str(tmp_path), "--precision", "int8"])
+    assert stop.value.code == 2
+    assert ("--precision int8 applies to --format onnx; --format saved_model writes float32 or bfloat16 or auto."
+            in capsys.readouterr().err)
+    assert not os.listdir(tmp_path)
+    from keras_vit.export import onnx_file
+
+    assert export_cli.FORMAT_PRECISIONS == {"saved_model": precision.PRECISIONS, "onnx": onnx_file.PRECISIONS,
+                                            "openvino": ("float32",)}
+    assert sorted(export_cli.PRECISIONS) == sorted(set(sum(export_cli.FORMAT_PRECISIONS.values(), ())))
     assert export_cli.DEFAULT_MAX_TOP1_DROP == precision.DEFAULT_MAX_TOP1_DROP
