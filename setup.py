@@ -36,8 +36,9 @@ EXTRAS = {
     # users do not install them.
     "onnx": ["onnx>=1.16", "onnxruntime>=1.18", "tf2onnx>=1.16"],
     # OpenVINO IR files (keras-vit-export --format openvino): Keras' own OpenVINO exporter and OpenVINO's runtime,
-    # Intel's inference engine for its CPUs, GPUs and NPUs, which checks each file against the Keras model.
-    "openvino": ["openvino>=2025.1"],
+    # Intel's inference engine for its CPUs, GPUs and NPUs, which checks each file against the Keras model; NNCF,
+    # OpenVINO's own post-training quantization, for its int8 files (--precision int8).
+    "openvino": ["openvino>=2025.1", "nncf>=2.16"],
     # Inspection plots and image files.
     "inspect": ["matplotlib>=3.8", "pillow>=10"],
     # Tests: SciPy and safetensors write the reference data; TF Serving's protos read the warmup requests;

@@ -12,7 +12,8 @@ each file taking [0, 255] pixels at the model's size with the preprocessing insi
   `quantize_dynamic` (`onnx_file.quantize_in_place`, as `--precision int8` writes it: int8 weights, activations
   quantized at run time);
 - `openvino_fp32`, `openvino_default`: `export_openvino`, compiled in float32 and at the CPU's default precision
-  (bfloat16 on CPUs with AVX512-BF16 or AMX); OpenVINO's int8 path (NNCF) is not installed here;
+  (bfloat16 on CPUs with AVX512-BF16 or AMX); `openvino_int8`: that file through NNCF's post-training quantization
+  (`openvino_file.quantize_in_place`, as `--precision int8` writes it), compiled at the CPU's default precision;
 - `litert_fp32`, `litert_dynamic_int8`: `keras_vit.export.tflite_conversion.convert`, in LiteRT's interpreter
   (XNNPACK). Its files take batch 1: a batch of 16 is 16 calls.
 
@@ -37,7 +38,7 @@ import time
 
 RESULT_PREFIX = "RUNTIME_RESULT "
 FORMS = ("savedmodel_fp32", "savedmodel_bf16", "onnx_fp32", "onnx_int8", "openvino_fp32", "openvino_default",
-         "litert_fp32", "litert_dynamic_int8")
+         "openvino_int8", "litert_fp32", "litert_dynamic_int8")
 CHECK_IMAGES = 64
 
 
@@ -75,6 +76,14 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
                 written[kind] = str(openvino_file.export_openvino(model, os.path.join(out, kind))
                                     / openvino_file.XML_FILE)
             paths[form] = written[kind]
+            if precision == "int8":  # what `keras-vit-export --format openvino --precision int8` writes
+                import openvino
+                folder = os.path.join(out, form)
+                os.makedirs(folder)
+                for name in (openvino_file.XML_FILE, "model.bin"):
+                    shutil.copyfile(os.path.join(os.path.dirname(written[kind]), name), os.path.join(folder, name))
+                paths[form] = os.path.join(folder, openvino_file.XML_FILE)
+                openvino_file.quantize_in_place(openvino.Core(), paths[form], model)
         else:
             paths[form] = str(tflite_conversion.convert(model, os.path.join(out, f"{form}.tflite"),
                                                         "float32" if precision == "fp32" else precision))

@@ -24,7 +24,6 @@ import warnings
 from pathlib import Path
 
 import keras
-import numpy as np
 
 from keras_vit.atomic import atomic_write
 
@@ -101,7 +100,8 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
             quantize_in_place(path)
             session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
             quantization = {"quantization": INT8_METHOD, "float32_check": measured,
-                            "int8_check": _int8_check(run, model, pixel_model, max_top1_drop)}
+                            "int8_check": runtime_files.int8_check(run, model, pixel_model, max_top1_drop,
+                                                                   "The int8 ONNX file")}
             measured = runtime_files.compare(run, pixel_model, images, "ONNX", OnnxMismatchError)
         report = {"file": ONNX_FILE, "precision": precision, "input": INPUT_NAME, "input_shape": list(spec.shape),
                   "image_size": list(model_io.image_size(model)), "any_size_stride": model_io.patch_stride(model),
@@ -121,20 +121,6 @@ def quantize_in_place(path: str) -> None:
     quantized = path + ".int8"
     quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
     os.replace(quantized, path)
-
-
-def _int8_check(run, model: keras.Model, pixel_model: keras.Model, max_top1_drop: float) -> dict:
-    """The int8 file (`run`) against the Keras model on `precision.CHECK_PHOTOS` photo crops at the model's size;
-    raises `precision.Top1DropError` past `max_top1_drop` points of top-1."""
-    from . import data
-
-    photos = data.photos(model_io.image_size(model), count=precisions.CHECK_PHOTOS)
-    reference = precisions.outputs(pixel_model, photos)
-    ours = np.concatenate([run(photos[start:start + 16]) for start in range(0, len(photos), 16)])
-    check = precisions.agreement(reference, ours.astype(np.float64).reshape(len(photos), -1), max_top1_drop)
-    if check["refused"]:
-        raise precisions.Top1DropError(precisions.refusal(check, "The int8 ONNX file"))
-    return check
 
 
 def read_report(version_dir: str | os.PathLike) -> dict:

@@ -8,6 +8,11 @@ The file is Keras' own `Model.export(format="openvino")`, which on TensorFlow co
 OpenVINO's `convert_model`. OpenVINO's CPU plugin computes in bfloat16 by default on CPUs with AVX512-BF16 or AMX
 (its `INFERENCE_PRECISION_HINT`): the report gives that default, its difference from Keras and its latency beside
 float32's; compile with `{"INFERENCE_PRECISION_HINT": "f32"}` for float32's numbers.
+
+`precision="int8"` writes that file after NNCF's post-training quantization (`nncf.quantize`, OpenVINO's own tool:
+int8 matmuls and convolutions with scales calibrated on `CALIBRATION_PHOTOS` photo crops, transformer-aware:
+`model_type=TRANSFORMER`), checked first as float32 against Keras, then on other crops of real photographs against
+the Keras model's top-1 (`runtime_files.int8_check`), refused past `max_top1_drop` points.
 """
 
 from __future__ import annotations
@@ -20,13 +25,17 @@ import keras
 
 from keras_vit.atomic import atomic_write
 
-from . import model_io, runtime_files
+from . import model_io, precision as precisions, runtime_files
 from .runtime_files import INPUT_NAME, MAX_RELATIVE_DIFF, check_images
 
 XML_FILE = "model.xml"
 REPORT_FILE = "keras_vit_openvino.json"
 DISTRIBUTIONS = ("openvino",)  # keras_vit[openvino]
+INT8_DISTRIBUTIONS = ("nncf",)  # keras_vit[openvino] too, needed for int8 only
 FLOAT32 = {"INFERENCE_PRECISION_HINT": "f32"}
+PRECISIONS = ("float32", "int8")
+CALIBRATION_PHOTOS = 128  # photo crops NNCF calibrates int8 on (others than the check's)
+INT8_METHOD = "nncf.quantize (post-training, model_type=TRANSFORMER, calibrated on photo crops)"
 
 
 class OpenVinoMismatchError(runtime_files.MismatchError):
@@ -34,7 +43,8 @@ class OpenVinoMismatchError(runtime_files.MismatchError):
 
 
 def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version: int | None = None,
-                    overwrite: bool = False, max_relative_diff: float = MAX_RELATIVE_DIFF) -> Path:
+                    overwrite: bool = False, max_relative_diff: float = MAX_RELATIVE_DIFF, precision: str = "float32",
+                    max_top1_drop: float = precisions.DEFAULT_MAX_TOP1_DROP) -> Path:
     """Writes `base_dir/<version>/model.xml`, `model.bin` and the report, checked against `model` with OpenVINO's CPU
     plugin in float32, whole or not at all; returns the version folder.
 
@@ -45,16 +55,28 @@ def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version:
         version: positive int. Defaults to one more than the largest existing version.
         overwrite: replace an existing `<version>/`. Defaults to `False` (FileExistsError).
         max_relative_diff: the most |OpenVINO - Keras| / max(1, max |Keras|) allowed on the check images
-            (`runtime_files.check_images`), compiled in float32. Defaults to `MAX_RELATIVE_DIFF` (1e-4).
+            (`runtime_files.check_images`), compiled in float32, of the float32 file. Defaults to
+            `MAX_RELATIVE_DIFF` (1e-4).
+        precision: `"float32"` (default) or `"int8"` (NNCF's post-training quantization of the checked float32
+            file).
+        max_top1_drop: for int8, the most points of top-1 agreement with the Keras model it may lose on
+            `precision.CHECK_PHOTOS` crops of real photographs. Defaults to 1.
 
     Raises:
         ImportError: keras_vit[openvino] is not installed (naming what to install).
         OpenVinoMismatchError: OpenVINO's float32 outputs are over `max_relative_diff` from Keras' (nothing is
             written).
+        export.precision.Top1DropError: the int8 file loses more than `max_top1_drop` points (nothing is written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
-    version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "OpenVINO",
-                                                             "openvino", DISTRIBUTIONS)
+    if precision not in PRECISIONS:
+        raise ValueError(f"Unknown OpenVINO precision {precision!r}. Expected one of {', '.join(PRECISIONS)}.")
+    if not max_top1_drop >= 0:
+        raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
+    modules = DISTRIBUTIONS + (INT8_DISTRIBUTIONS if precision == "int8" else ())
+    version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite,
+                                                             f"{'int8 ' if precision == 'int8' else ''}OpenVINO",
+                                                             "openvino", modules)
     import openvino
 
     core = openvino.Core()
@@ -66,12 +88,22 @@ def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version:
         default = core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()  # "bf16", "f32", ...
         measured = runtime_files.compare(runs["f32"], pixel_model, images, "OpenVINO", OpenVinoMismatchError)
         runtime_files.require_within(measured, max_relative_diff, "OpenVINO", version, OpenVinoMismatchError)
+        quantization = {}
+        if precision == "int8":
+            quantize_in_place(core, path, model)
+            runs["f32"] = _runner(core.compile_model(path, "CPU", FLOAT32))
+            quantization = {"quantization": INT8_METHOD, "calibration_images": CALIBRATION_PHOTOS,
+                            "float32_check": measured,
+                            "int8_check": runtime_files.int8_check(runs["f32"], model, pixel_model, max_top1_drop,
+                                                                   "The int8 OpenVINO file")}
+            measured = runtime_files.compare(runs["f32"], pixel_model, images, "OpenVINO", OpenVinoMismatchError)
         runs["default"] = _runner(core.compile_model(path, "CPU"))
         by_default = runtime_files.compare(runs["default"], pixel_model, images, "OpenVINO", OpenVinoMismatchError)
-        report = {"file": XML_FILE, "input": INPUT_NAME, "input_shape": list(spec.shape),
+        report = {"file": XML_FILE, "precision": precision, "input": INPUT_NAME, "input_shape": list(spec.shape),
                   "image_size": list(model_io.image_size(model)), "any_size_stride": model_io.patch_stride(model),
                   "preprocessing": model_io.preprocessing_config(model).to_dict(),
-                  "openvino": openvino.__version__, **measured, "max_relative_diff_allowed": max_relative_diff,
+                  "openvino": openvino.__version__, **measured, **quantization,
+                  "max_relative_diff_allowed": max_relative_diff,
                   "latency_ms_median_batch_1": runtime_files.median_latency_ms(runs["f32"], images[1]),
                   "cpu_default_precision": default,
                   "cpu_default_max_relative_diff": by_default["max_relative_diff"],
@@ -79,6 +111,23 @@ def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version:
                                                                                            images[1])}
         Path(partial, REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return target
+
+
+def quantize_in_place(core, path: str, model: keras.Model) -> None:
+    """Replaces the OpenVINO file at `path` (and its weights) with NNCF's int8 quantization of it, calibrated on
+    `CALIBRATION_PHOTOS` photo crops at `model`'s size (seed 1: others than the check's)."""
+    import nncf
+    import openvino
+
+    from . import data
+
+    photos = data.photos(model_io.image_size(model), count=CALIBRATION_PHOTOS, seed=1)
+    quantized = nncf.quantize(core.read_model(path), nncf.Dataset([photo[None] for photo in photos]),
+                              model_type=nncf.ModelType.TRANSFORMER, subset_size=len(photos))
+    stem = path[:-len(".xml")]
+    openvino.save_model(quantized, stem + "_int8.xml")
+    for suffix in (".xml", ".bin"):  # the float32 file's weights may still be mapped: replaced, not rewritten
+        os.replace(stem + "_int8" + suffix, stem + suffix)
 
 
 def _runner(compiled):

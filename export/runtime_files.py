@@ -16,7 +16,7 @@ import numpy as np
 from keras_vit.atomic import check_room, variables_bytes
 from keras_vit.vit_model import model_input_signature
 
-from . import model_io
+from . import model_io, precision
 from .saved_model import version_folder
 
 INPUT_NAME = "image"
@@ -94,6 +94,22 @@ def require_within(measured: dict[str, Any], max_relative_diff: float, runtime: 
         raise error(f"{runtime}'s outputs are {measured['max_relative_diff']:.2e} from the Keras model's (relative "
                     f"to max(1, max |Keras|)), over max_relative_diff={max_relative_diff:g}: version {version} was "
                     "not written.")
+
+
+def int8_check(run: Callable[[np.ndarray], np.ndarray], model: keras.Model, pixel_model: keras.Model,
+               max_top1_drop: float, what: str) -> dict[str, Any]:
+    """An int8 file (`run`, one batch) against the Keras model on `precision.CHECK_PHOTOS` crops of real photographs
+    at the model's size, in batches of 16 (`precision.agreement`); raises `precision.Top1DropError` naming `what`
+    past `max_top1_drop` points of top-1."""
+    from . import data
+
+    photos = data.photos(model_io.image_size(model), count=precision.CHECK_PHOTOS)
+    reference = precision.outputs(pixel_model, photos)
+    ours = np.concatenate([run(photos[start:start + 16]) for start in range(0, len(photos), 16)])
+    check = precision.agreement(reference, ours.astype(np.float64).reshape(len(photos), -1), max_top1_drop)
+    if check["refused"]:
+        raise precision.Top1DropError(precision.refusal(check, what))
+    return check
 
 
 def median_latency_ms(run: Callable[[np.ndarray], Any], image: np.ndarray, runs: int = 10) -> float:

@@ -5,6 +5,7 @@
     keras-vit-export --model vit.keras --format onnx --out /models/vit  # OUT/<version>/model.onnx, checked
     keras-vit-export --model vit.keras --format onnx --precision int8 --out /models/vit  # ONNX Runtime's int8
     keras-vit-export --model vit.keras --format openvino --out /models/vit  # OUT/<version>/model.xml, checked
+    keras-vit-export --model vit.keras --format openvino --precision int8 --out /models/vit  # NNCF's int8
     keras-vit-export --variant B/16 --weights vit.weights.h5 --out /models/vit
     keras-vit-export --variant B/16 --weights imagenet --any-size --out /models/vit
     keras-vit-export --weights hf://facebook/dinov2-base --out /models/dinov2 --signatures embed,features
@@ -33,9 +34,10 @@ SERVING_KERNELS = ("onednn", "eigen")  # keras_vit.kernels.SERVING_KERNELS
 FORMATS = ("saved_model", "onnx", "openvino")
 FILE_FORMATS = {"onnx": "ONNX", "openvino": "OpenVINO"}  # pixels in, the model's own outputs out
 PRECISIONS = ("float32", "bfloat16", "auto", "int8")
-# The precisions of each format (keras_vit.export.precision.PRECISIONS, onnx_file.PRECISIONS).
+# The precisions of each format (keras_vit.export.precision.PRECISIONS, onnx_file.PRECISIONS,
+# openvino_file.PRECISIONS).
 FORMAT_PRECISIONS = {"saved_model": ("float32", "bfloat16", "auto"), "onnx": ("float32", "int8"),
-                     "openvino": ("float32",)}
+                     "openvino": ("float32", "int8")}
 DEFAULT_MAX_TOP1_DROP = 1.0  # keras_vit.export.precision.DEFAULT_MAX_TOP1_DROP
 # The flags of the SavedModel's serving signatures, which an ONNX file (pixels in, the model's outputs out) has not.
 SAVED_MODEL_ONLY = {"class_names": "--class-names", "signatures": "--signatures", "l2_normalize": "--l2-normalize"}
@@ -96,8 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                              "layers, float32 in and out; about 2x faster on CPUs with AVX512-BF16 or AMX, slower "
                              "on others), checked against float32 on real photographs first, or auto: bfloat16 "
                              "where this machine's CPU has AVX512-BF16 or AMX, else float32; for --format onnx "
-                             "int8: ONNX Runtime's dynamic quantization of the checked float32 file, checked on "
-                             "real photographs")
+                             "int8: ONNX Runtime's dynamic quantization of the checked float32 file, for --format "
+                             "openvino int8: NNCF's post-training quantization, calibrated on photo crops; each "
+                             "checked on real photographs")
     parser.add_argument("--max-top1-drop", type=float, default=DEFAULT_MAX_TOP1_DROP, metavar="POINTS",
                         help="for bfloat16 and int8: the most points of top-1 agreement with the float32 model it "
                              "may lose on the check photographs, else nothing is written (default: %(default)s)")
@@ -232,11 +235,7 @@ def _write_onnx(model, args: argparse.Namespace) -> int:
     line = (f"Wrote ONNX file {path / onnx_file.ONNX_FILE}: input {report['input']} {report['input_shape']}; ONNX "
             f"Runtime {report['onnxruntime']} agrees with Keras to {check['max_relative_diff']:.1e} (relative; "
             f"allowed {report['max_relative_diff_allowed']:g}) on {len(check['checked_shapes'])} batches")
-    if "int8_check" in report:
-        int8 = report["int8_check"]
-        agreement = f"top-1 agreement {100 * int8['top1_agreement']:.1f}%, " if "top1_agreement" in int8 else ""
-        line += (f" in float32; int8 (ONNX Runtime's dynamic quantization) against Keras on {int8['images']} "
-                 f"photographs: {agreement}least cosine {int8['min_cosine']:.4f}")
+    line += _int8_line(report, "ONNX Runtime's dynamic quantization")
     print(f"{line}; {report['latency_ms_median_batch_1']:.1f} ms per image at batch 1 here.")
     return 0
 
@@ -245,15 +244,27 @@ def _write_onnx(model, args: argparse.Namespace) -> int:
 def _write_openvino(model, args: argparse.Namespace) -> int:
     from keras_vit.export import openvino_file
 
-    path = openvino_file.export_openvino(model, args.out, version=args.version, overwrite=args.overwrite)
+    path = openvino_file.export_openvino(model, args.out, version=args.version, overwrite=args.overwrite,
+                                         precision=args.precision, max_top1_drop=args.max_top1_drop)
     report = openvino_file.read_report(path)
+    check = report.get("float32_check", report)  # an int8 file was checked as float32 before it was quantized
     print(f"Wrote OpenVINO file {path / openvino_file.XML_FILE}: input {report['input']} {report['input_shape']}; "
-          f"OpenVINO {report['openvino']} in float32 agrees with Keras to {report['max_relative_diff']:.1e} "
-          f"(relative; allowed {report['max_relative_diff_allowed']:g}) on {len(report['checked_shapes'])} batches, "
-          f"{report['latency_ms_median_batch_1']:.1f} ms per image at batch 1 here; this CPU's default precision "
-          f"{report['cpu_default_precision']}: {report['cpu_default_max_relative_diff']:.1e}, "
-          f"{report['cpu_default_latency_ms_median_batch_1']:.1f} ms.")
+          f"OpenVINO {report['openvino']} in float32 agrees with Keras to {check['max_relative_diff']:.1e} "
+          f"(relative; allowed {report['max_relative_diff_allowed']:g}) on {len(check['checked_shapes'])} batches"
+          f"{_int8_line(report, 'NNCF')}, {report['latency_ms_median_batch_1']:.1f} ms per image at batch 1 here; "
+          f"this CPU's default precision {report['cpu_default_precision']}: "
+          f"{report['cpu_default_max_relative_diff']:.1e}, {report['cpu_default_latency_ms_median_batch_1']:.1f} ms.")
     return 0
+
+
+def _int8_line(report: dict, method: str) -> str:
+    """How an int8 file agrees with Keras on the check photographs (empty for a float32 file)."""
+    if "int8_check" not in report:
+        return ""
+    int8 = report["int8_check"]
+    agreement = f"top-1 agreement {100 * int8['top1_agreement']:.1f}%, " if "top1_agreement" in int8 else ""
+    return (f" in float32; int8 ({method}) against Keras on {int8['images']} photographs: {agreement}least cosine "
+            f"{int8['min_cosine']:.4f}")
 
 
 if __name__ == "__main__":

@@ -131,12 +131,13 @@ def test_cli_refuses_precision_where_it_does_not_apply(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         export_cli.main(["--variant", "Ti/16", "--out", str(tmp_path), "--precision", "int8"])
     assert stop.value.code == 2
-    assert ("--precision int8 applies to --format onnx; --format saved_model writes float32 or bfloat16 or auto."
+    assert ("--precision int8 applies to --format onnx and --format openvino; --format saved_model writes float32 "
+            "or bfloat16 or auto."
             in capsys.readouterr().err)
     assert not os.listdir(tmp_path)
-    from keras_vit.export import onnx_file
+    from keras_vit.export import onnx_file, openvino_file
 
     assert export_cli.FORMAT_PRECISIONS == {"saved_model": precision.PRECISIONS, "onnx": onnx_file.PRECISIONS,
-                                            "openvino": ("float32",)}
+                                            "openvino": openvino_file.PRECISIONS}
     assert sorted(export_cli.PRECISIONS) == sorted(set(sum(export_cli.FORMAT_PRECISIONS.values(), ())))
     assert export_cli.DEFAULT_MAX_TOP1_DROP == precision.DEFAULT_MAX_TOP1_DROP

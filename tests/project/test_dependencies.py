@@ -62,7 +62,7 @@ IMPORT_NAMES = {
     "absl": "absl-py", "ai_edge_litert": "ai-edge-litert", "jax": "jax", "keras": "keras",
     "matplotlib": "matplotlib", "numpy": "numpy", "PIL": "pillow", "sklearn": "scikit-learn",
     "tensorflow": "tensorflow", "tensorflow_datasets": "tensorflow-datasets", "torch": "torch",
-    "onnxruntime": "onnxruntime", "openvino": "openvino",
+    "onnxruntime": "onnxruntime", "openvino": "openvino", "nncf": "nncf",
 }
 # Extras that a subpackage's code may use inside functions only, after saying what to install where they are missing:
 # keras-vit-export --format onnx (export/onnx_file.py) needs keras_vit[onnx] besides keras_vit[export], and
