@@ -1,15 +1,19 @@
 """What the ONNX and OpenVINO files share (`keras_vit.export.runtime_files`), tested on each runtime alike: a model
-of any size in one file at each size, a tower's embedding, a file that disagrees with Keras not written, and a
-missing runtime named by its extra. Each runtime's own behaviour: tests/export/test_onnx.py, test_openvino.py."""
+of any size in one file at each size, a tower's embedding, a file that disagrees with Keras not written, the int8
+file (`--precision int8`) checked on photographs and refused past `--max-top1-drop`, and a missing runtime named by
+its extra. Each runtime's own behaviour: tests/export/test_onnx.py, test_openvino.py."""
 
+import dataclasses
 import os
+import shutil
+from typing import Callable
 
 import numpy as np
 import pytest
 
 import keras_vit
 from keras_vit.cli import export as export_cli
-from keras_vit.export import onnx_file, openvino_file, runtime_files
+from keras_vit.export import data, onnx_file, openvino_file, precision, runtime_files
 from tests.testing import TINY_VIT, needs, save_checkpoint, tiny_model, vit_checkpoint
 
 
@@ -26,12 +30,43 @@ def run_openvino(path, images: np.ndarray) -> np.ndarray:
     return openvino.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(images)[0]
 
 
-# format: (export function, report reader, file name, runner, mismatch error, runtime's name in messages, module)
+def onnx_is_int8(path) -> bool:
+    """Integer matmuls on int8 weights: ONNX Runtime's dynamic quantization."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    return ({"DynamicQuantizeLinear", "MatMulInteger"} <= {node.op_type for node in graph.node}
+            and any(tensor.data_type == onnx.TensorProto.INT8 for tensor in graph.initializer))
+
+
+def openvino_is_int8(path) -> bool:
+    """The int8 points NNCF inserts before the matmuls."""
+    import openvino
+
+    return [op.get_type_name() for op in openvino.Core().read_model(str(path)).get_ops()].count("FakeQuantize") >= 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    export: Callable
+    read_report: Callable
+    files: tuple[str, ...]  # the model's files, the one a runtime opens first
+    run: Callable
+    mismatch: type
+    name: str  # in the messages
+    module: str  # the module whose absence is named
+    int8_method: str  # in the printed line
+    is_int8: Callable
+    module_file: object  # export.onnx_file or export.openvino_file
+
+
 RUNTIMES = {
-    "onnx": (onnx_file.export_onnx, onnx_file.read_report, onnx_file.ONNX_FILE, run_onnx, onnx_file.OnnxMismatchError,
-             "ONNX Runtime", "onnxruntime"),
-    "openvino": (openvino_file.export_openvino, openvino_file.read_report, openvino_file.XML_FILE, run_openvino,
-                 openvino_file.OpenVinoMismatchError, "OpenVINO", "openvino"),
+    "onnx": Runtime(onnx_file.export_onnx, onnx_file.read_report, (onnx_file.ONNX_FILE,), run_onnx,
+                    onnx_file.OnnxMismatchError, "ONNX", "onnxruntime", "ONNX Runtime's dynamic quantization",
+                    onnx_is_int8, onnx_file),
+    "openvino": Runtime(openvino_file.export_openvino, openvino_file.read_report, (openvino_file.XML_FILE, "model.bin"),
+                        run_openvino, openvino_file.OpenVinoMismatchError, "OpenVINO", "openvino", "NNCF",
+                        openvino_is_int8, openvino_file),
 }
 FORMATS = [pytest.param("onnx"), pytest.param("openvino", marks=needs("openvino", "OpenVINO's runtime, "
                                                                                   "keras_vit[openvino]"))]
@@ -45,42 +80,96 @@ def pixels(shape, seed=0) -> np.ndarray:
 def test_any_size_file_takes_each_size_and_a_tower_its_embedding(tmp_path, file_format):
     """A checkpoint built for any size (`--any-size`): height and width are dynamic in the file, and each size
     gives the Keras model's logits; an image tower (`include_top=False`) gives its pooled embedding."""
-    export, read_report, file_name, run, *_ = RUNTIMES[file_format]
+    runtime = RUNTIMES[file_format]
     checkpoint = save_checkpoint(tmp_path / "vit.npz", vit_checkpoint(TINY_VIT, seed=3))
     base = tmp_path / "any"
     assert export_cli.main(["--weights", checkpoint, "--any-size", "--format", file_format, "--out", str(base)]) == 0
-    report = read_report(base / "1")
+    report = runtime.read_report(base / "1")
     assert report["input_shape"] == [None, None, None, 3] and report["any_size_stride"] == TINY_VIT["patch_size"]
     assert report["checked_shapes"][-1] == [4, 48, 40, 3]  # two strides taller, one wider than its 32 x 32
     model = keras_vit.VisionTransformer(weights=checkpoint, input_shape=(None, None, 3), classes=10)
     for shape in ((2, 32, 32, 3), (1, 24, 56, 3)):
         images = pixels(shape, seed=2)
-        np.testing.assert_allclose(run(base / "1" / file_name, images), model(images), atol=1e-5, rtol=0)
+        np.testing.assert_allclose(runtime.run(base / "1" / runtime.files[0], images), model(images), atol=1e-5,
+                                   rtol=0)
 
     tower = keras_vit.VisionTransformer(weights=checkpoint, include_top=False, pooling="token")
-    path = export(tower, tmp_path / "tower")
+    path = runtime.export(tower, tmp_path / "tower")
     images = pixels((2, 32, 32, 3), seed=3)
-    embedding = run(path / file_name, images)
+    embedding = runtime.run(path / runtime.files[0], images)
     assert embedding.shape == (2, TINY_VIT["hidden_dim"])
     np.testing.assert_allclose(embedding, tower(images), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("file_format", FORMATS)
 def test_a_file_that_disagrees_is_not_written(tmp_path, file_format):
-    export, _, _, _, mismatch, runtime, _ = RUNTIMES[file_format]
+    runtime = RUNTIMES[file_format]
     base = tmp_path / file_format
-    with pytest.raises(mismatch, match=rf"^{runtime}'s outputs are .* over max_relative_diff=-1: version 1 was not "
-                                       r"written"):
-        export(tiny_model("plain"), base, max_relative_diff=-1)
+    with pytest.raises(runtime.mismatch, match=rf"^{runtime.name}.*'s outputs are .* over max_relative_diff=-1: "
+                                               r"version 1 was not written"):
+        runtime.export(tiny_model("plain"), base, max_relative_diff=-1)
     assert os.listdir(base) == []  # no version, no partial folder
+
+
+@pytest.mark.parametrize("file_format", FORMATS)
+def test_int8_file_is_checked_on_photographs(tmp_path, capsys, file_format):
+    """--precision int8: the float32 file is checked against Keras, then quantized by the runtime's own tool and
+    checked on crops of real photographs; the report's top-1 agreement is the file's own, recomputed here in the
+    batches of 16 it was checked in (ONNX Runtime's int8 scale of the activations is each batch's)."""
+    runtime = RUNTIMES[file_format]
+    model = tiny_model("plain")
+    model_file = tmp_path / "tiny.keras"
+    model.save(model_file)
+    base = tmp_path / file_format
+    assert export_cli.main(["--model", str(model_file), "--format", file_format, "--precision", "int8",
+                            "--out", str(base)]) == 0
+    printed = capsys.readouterr().out
+    report = runtime.read_report(base / "1")
+    assert (report["precision"], report["quantization"]) == ("int8", runtime.module_file.INT8_METHOD)
+    assert report["float32_check"]["max_relative_diff"] <= runtime_files.MAX_RELATIVE_DIFF
+    assert runtime.is_int8(base / "1" / runtime.files[0])
+    assert sorted(os.listdir(base / "1")) == sorted([*runtime.files, runtime.module_file.REPORT_FILE])
+    check = report["int8_check"]
+    photos = data.photos((32, 32), count=precision.CHECK_PHOTOS)
+    ours = np.concatenate([runtime.run(base / "1" / runtime.files[0], photos[start:start + 16])
+                           for start in range(0, len(photos), 16)])
+    expected = np.asarray(model(photos))
+    assert check["images"] == precision.CHECK_PHOTOS and not check["refused"]
+    assert check["top1_agreement"] == np.mean(ours.argmax(-1) == expected.argmax(-1)) >= 0.9
+    assert 0 < np.abs(ours - expected).max() < 0.1  # quantized: close, not float32-equal
+    assert (f"in float32; int8 ({runtime.int8_method}) against Keras on {precision.CHECK_PHOTOS} photographs: "
+            f"top-1 agreement {100 * check['top1_agreement']:.1f}%") in printed, printed
+
+
+@pytest.mark.parametrize("file_format", FORMATS)
+def test_an_int8_file_that_loses_top1_is_not_written(tmp_path, monkeypatch, file_format):
+    """An int8 file whose top-1 disagrees with Keras past --max-top1-drop (here: another model's file stands for a
+    quantization gone wrong) is refused, nothing written; an unknown precision is named."""
+    runtime = RUNTIMES[file_format]
+    other = runtime.export(tiny_model("plain", seed=7), tmp_path / "other")
+
+    def other_model(*args):  # replaced, not rewritten, as quantize_in_place does (OpenVINO maps its weights)
+        folder = os.path.dirname(next(arg for arg in args if isinstance(arg, str)))
+        for name in runtime.files:
+            shutil.copyfile(other / name, os.path.join(folder, "new_" + name))
+            os.replace(os.path.join(folder, "new_" + name), os.path.join(folder, name))
+
+    monkeypatch.setattr(runtime.module_file, "quantize_in_place", other_model)
+    base = tmp_path / file_format
+    with pytest.raises(precision.Top1DropError, match=rf"^The int8 {runtime.name} file's top-1 disagrees with "
+                       r"float32 on [0-9.]+ points of 128 photographs, over max_top1_drop=1, so nothing was written"):
+        runtime.export(tiny_model("plain"), base, precision="int8")
+    assert os.listdir(base) == []
+    with pytest.raises(ValueError, match=rf"Unknown {runtime.name} precision 'int4'. Expected one of float32, int8."):
+        runtime.export(tiny_model("plain"), base, precision="int4")
 
 
 @pytest.mark.parametrize("file_format", RUNTIMES)  # the runtime need not be installed
 def test_without_its_runtime_one_line_names_the_extra(tmp_path, monkeypatch, file_format):
-    export, *_, module = RUNTIMES[file_format]
+    runtime = RUNTIMES[file_format]
     monkeypatch.setattr(runtime_files.importlib.util, "find_spec",
-                        lambda name, *args: None if name == module else object())
-    expected = rf'needs {module}, which is not installed: pip install "keras_vit\[{file_format}\]"'
+                        lambda name, *args: None if name == runtime.module else object())
+    expected = rf'needs {runtime.module}, which is not installed: pip install "keras_vit\[{file_format}\]"'
     with pytest.raises(ImportError, match=expected):
-        export(tiny_model("plain"), tmp_path / file_format)
+        runtime.export(tiny_model("plain"), tmp_path / file_format)
     assert not (tmp_path / file_format).exists()
