@@ -18,7 +18,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_vit import kernels
+from keras_vit import features, kernels
 
 from . import model_io
 
@@ -88,19 +88,20 @@ def check(model: keras.Model, twin: keras.Model, images: np.ndarray,
     points of top-1."""
     reference = outputs(model_io.with_pixel_input(model), images)
     ours = outputs(model_io.with_pixel_input(twin, model_io.preprocessing_config(model)), images)
-    return agreement(reference, ours, max_top1_drop)
+    return agreement(reference, ours, max_top1_drop, classifier=features.classifier_head(model) is not None)
 
 
-def agreement(reference: np.ndarray, ours: np.ndarray, max_top1_drop: float = DEFAULT_MAX_TOP1_DROP
-              ) -> dict[str, Any]:
+def agreement(reference: np.ndarray, ours: np.ndarray, max_top1_drop: float = DEFAULT_MAX_TOP1_DROP, *,
+              classifier: bool = True) -> dict[str, Any]:
     """How outputs `ours` agree with the float32 model's `reference` ((N, features) each, one row per image): max
-    |difference| relative to the largest reference output, top-1 agreement (for a classifier; for an embedding, the
-    least cosine), `refused` past `max_top1_drop` points of top-1."""
+    |difference| relative to the largest reference output and the least cosine; for a `classifier`, the top-1
+    agreement, `refused` past `max_top1_drop` points of it (an embedding's largest entry is no class: a tower is
+    reported, not refused)."""
     if not max_top1_drop >= 0:
         raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
     report = {"images": len(reference), "max_relative_diff": float(np.abs(ours - reference).max()
                                                                     / max(float(np.abs(reference).max()), 1e-30))}
-    if reference.ndim == 2 and reference.shape[-1] > 1:
+    if classifier and reference.shape[-1] > 1:
         disagreements = int(np.count_nonzero(ours.argmax(-1) != reference.argmax(-1)))
         report.update(top1_agreement=1 - disagreements / len(reference),
                       top1_drop=100.0 * disagreements / len(reference))

@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import keras
 import numpy as np
 
+from keras_vit import features
 from keras_vit.atomic import check_room, variables_bytes
 from keras_vit.vit_model import model_input_signature
 
@@ -99,14 +100,15 @@ def require_within(measured: dict[str, Any], max_relative_diff: float, runtime: 
 def int8_check(run: Callable[[np.ndarray], np.ndarray], model: keras.Model, pixel_model: keras.Model,
                max_top1_drop: float, what: str) -> dict[str, Any]:
     """An int8 file (`run`, one batch) against the Keras model on `precision.CHECK_PHOTOS` crops of real photographs
-    at the model's size, in batches of 16 (`precision.agreement`); raises `precision.Top1DropError` naming `what`
-    past `max_top1_drop` points of top-1."""
+    at the model's size, in batches of 16 (`precision.agreement`); for a classifier, raises
+    `precision.Top1DropError` naming `what` past `max_top1_drop` points of top-1."""
     from . import data
 
     photos = data.photos(model_io.image_size(model), count=precision.CHECK_PHOTOS)
     reference = precision.outputs(pixel_model, photos)
     ours = np.concatenate([run(photos[start:start + 16]) for start in range(0, len(photos), 16)])
-    check = precision.agreement(reference, ours.astype(np.float64).reshape(len(photos), -1), max_top1_drop)
+    check = precision.agreement(reference, ours.astype(np.float64).reshape(len(photos), -1), max_top1_drop,
+                                classifier=features.classifier_head(model) is not None)
     if check["refused"]:
         raise precision.Top1DropError(precision.refusal(check, what))
     return check

@@ -142,6 +142,28 @@ def test_int8_file_is_checked_on_photographs(tmp_path, capsys, file_format):
 
 
 @pytest.mark.parametrize("file_format", FORMATS)
+def test_an_int8_towers_file_is_held_to_no_top1(tmp_path, file_format):
+    """A tower's output is an embedding, whose largest entry is no class: its int8 file is reported by the least
+    cosine with Keras' embeddings, not refused on a top-1 of them (which would refuse good files at random)."""
+    runtime = RUNTIMES[file_format]
+    tower = keras_vit.VisionTransformer(weights=save_checkpoint(tmp_path / "vit.npz", vit_checkpoint(TINY_VIT, seed=3)),
+                                        include_top=False, pooling="token")
+    check = runtime.read_report(runtime.export(tower, tmp_path / file_format, precision="int8"))["int8_check"]
+    assert "top1_agreement" not in check and not check["refused"] and check["images"] == precision.CHECK_PHOTOS
+    assert 0.9 < check["min_cosine"] < 1
+
+
+def test_agreement_reads_top1_of_a_classifier_only():
+    reference = np.array([[1.0, 0.0, 0.9], [0.2, 1.0, 0.0]])
+    swapped = reference[:, [2, 1, 0]]  # the first row's top-1 moves; both stay close in cosine
+    as_classifier = precision.agreement(reference, swapped, max_top1_drop=1)
+    assert (as_classifier["top1_agreement"], as_classifier["top1_drop"], as_classifier["refused"]) == (0.5, 50.0, True)
+    as_embedding = precision.agreement(reference, swapped, max_top1_drop=1, classifier=False)
+    assert "top1_agreement" not in as_embedding and not as_embedding["refused"]
+    assert as_embedding["min_cosine"] == pytest.approx(1 / 1.04)  # the second row: 1 / (1 + 0.2 ** 2)
+
+
+@pytest.mark.parametrize("file_format", FORMATS)
 def test_an_int8_file_that_loses_top1_is_not_written(tmp_path, monkeypatch, file_format):
     """An int8 file whose top-1 disagrees with Keras past --max-top1-drop (here: another model's file stands for a
     quantization gone wrong) is refused, nothing written; an unknown precision is named."""
