@@ -41,7 +41,7 @@ import tensorflow as tf
 from ai_edge_litert import schema_py_generated as schema
 from ai_edge_litert.interpreter import Interpreter
 
-from keras_vit import datasets
+from keras_vit import datasets, features
 from keras_vit.atomic import DiskSpaceError, atomic_write, check_room
 
 from . import ALL_MODES, data, model_io
@@ -218,15 +218,17 @@ def median_latency_ms(path: str | os.PathLike, images: np.ndarray, num_threads: 
 
 
 def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: np.ndarray, *,
-             labels: np.ndarray | None = None, max_top1_drop: float = DEFAULT_MAX_TOP1_DROP) -> dict[str, Any]:
+             labels: np.ndarray | None = None, max_top1_drop: float = DEFAULT_MAX_TOP1_DROP,
+             classifier: bool = True) -> dict[str, Any]:
     """Size, op coverage, latency (1 and 2 threads) and agreement of a `.tflite` file with the Keras outputs
-    `reference` on `images` (and top-1 accuracy on `labels`, if given); an int8 mode whose top-1 drop is over
-    `max_top1_drop` points is `refused`."""
-    classifier = LiteRTClassifier(path)
+    `reference` on `images` (and top-1 accuracy on `labels`, if given); an int8 mode of a `classifier` whose top-1
+    drop is over `max_top1_drop` points is `refused`. A tower's embedding has no top-1 (its largest entry is no
+    class): its files are reported by the least cosine with Keras' embeddings, the top-1 fields None."""
+    run = LiteRTClassifier(path)
     outputs, seconds = [], []
     for image in images:
         start = time.perf_counter()
-        outputs.append(classifier(image))
+        outputs.append(run(image))
         seconds.append(time.perf_counter() - start)
     outputs = np.stack(outputs)
     one_thread = 1000 * float(np.median(seconds))
@@ -234,25 +236,29 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
     predicted = outputs.argmax(-1)
     # From the count, not 1 - agreement: 1 image of 100 is 1.0 point, not 1.0000000000000009.
     disagreements = int(np.count_nonzero(predicted != reference.argmax(-1)))
+    flat, flat_reference = outputs.reshape(len(images), -1), reference.reshape(len(images), -1)
+    norms = np.linalg.norm(flat, axis=-1) * np.linalg.norm(flat_reference, axis=-1)
+    cosines = np.sum(flat * flat_reference, -1) / np.maximum(norms, 1e-30)
     result = {
         "mode": mode,
         "file": Path(path).name,
         "size_bytes": os.path.getsize(path),
-        **op_coverage(path, classifier.interpreter),
+        **op_coverage(path, run.interpreter),
         "latency_ms_median": one_thread,
         "latency_ms_median_by_threads": {"1": one_thread, "2": two_threads},
         "max_abs_diff": float(np.abs(outputs - reference).max()),
         "mean_abs_diff": float(np.abs(outputs - reference).mean()),
-        "top1_agreement": float(np.mean(predicted == reference.argmax(-1))),
-        "top1_drop": 100.0 * disagreements / len(images),
-        "top1_accuracy": None if labels is None else float(np.mean(predicted == labels)),
+        "min_cosine": float(cosines.min()),
+        "top1_agreement": float(np.mean(predicted == reference.argmax(-1))) if classifier else None,
+        "top1_drop": 100.0 * disagreements / len(images) if classifier else None,
+        "top1_accuracy": None if labels is None or not classifier else float(np.mean(predicted == labels)),
         "images": len(images),
-        "reference_classes_predicted": int(len(np.unique(reference.argmax(-1)))),
+        "reference_classes_predicted": int(len(np.unique(reference.argmax(-1)))) if classifier else None,
         "non_builtin_ops": non_builtin_ops(path),
         "float_ops": float_ops(path),
         "gpu_delegate_pitfalls": gpu_delegate_pitfalls(path) if mode in GPU_DELEGATE_MODES else None,
     }
-    result["refused"] = mode in INT8_MODES and result["top1_drop"] > max_top1_drop
+    result["refused"] = classifier and mode in INT8_MODES and result["top1_drop"] > max_top1_drop
     result["sensitive_layers"] = None  # ranked by `export_tflite` for a refused mode only: the debugger is slow
     result["passed"] = _passed(result)
     return result
@@ -314,7 +320,8 @@ def _export_mode(model: keras.Model, source: str, out: Path, mode: str, calibrat
             raise DiskSpaceError(errno.ENOSPC, f"The disk filled up while {final.name} was written in {out}. It was "
                                  "not written and the files there before are whole: free some space and convert "
                                  "again") from None
-        result = evaluate(partial, mode, reference, evaluation, labels=labels, max_top1_drop=max_top1_drop)
+        result = evaluate(partial, mode, reference, evaluation, labels=labels, max_top1_drop=max_top1_drop,
+                          classifier=features.classifier_head(model) is not None)
         if result["refused"]:
             final.unlink(missing_ok=True)
         else:
@@ -386,7 +393,7 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
     report = {"model": model.name, "input_size": list(model_io.image_size(model)),
               "calibration_images": len(calibration),
               "images": {"source": source, "yours": source in ("given", "directory")},
-              "keras_top1_accuracy": (None if evaluation_labels is None
+              "keras_top1_accuracy": (None if evaluation_labels is None or features.classifier_head(model) is None
                                       else float(np.mean(reference.argmax(-1) == evaluation_labels))),
               "thresholds": {"max_abs_diff": MAX_ABS_DIFF, "max_top1_drop": max_top1_drop},
               "modes": results}
@@ -431,15 +438,21 @@ def markdown_report(report: dict[str, Any]) -> str:
              "|---|---:|---:|---:|---|---:|---:|" + ("---:|" if accuracy else "") + "---|"]
     for r in report["modes"]:
         two = r["latency_ms_median_by_threads"]["2"]
+        agreement = (f"{100 * r['top1_agreement']:.1f}%" if r["top1_agreement"] is not None
+                     else f"n/a (least cosine {r['min_cosine']:.4f})")
         lines.append(f"| {r['mode']} | {r['size_bytes'] / 1024:.1f} | {r['latency_ms_median']:.3f} | {two:.3f} | "
-                     f"{_coverage_text(r)} | {r['max_abs_diff']:.2e} | {100 * r['top1_agreement']:.1f}% |"
+                     f"{_coverage_text(r)} | {r['max_abs_diff']:.2e} | {agreement} |"
                      + (f" {100 * r['top1_accuracy']:.1f}% |" if accuracy else "")
                      + f" {_check_text(r, report['thresholds'])} |")
     lines.append("")
     first = report["modes"][0]
     predicted = first["reference_classes_predicted"]
-    lines.append(f"The Keras model predicts {predicted} distinct classes on these images"
-                 + ("; top-1 agreement means little here." if predicted < 2 else "."))
+    if predicted is None:
+        lines.append("The model is a tower (its output an embedding, no classes): each file is reported by the least "
+                     "cosine of its embeddings with Keras', and no int8 file is refused on a top-1.")
+    else:
+        lines.append(f"The Keras model predicts {predicted} distinct classes on these images"
+                     + ("; top-1 agreement means little here." if predicted < 2 else "."))
     if accuracy:
         lines.append(f"The Keras model's top-1 accuracy on these images is {100 * report['keras_top1_accuracy']:.1f}%.")
     if not report.get("images", {}).get("yours", True):
@@ -478,6 +491,8 @@ def _check_text(result: dict[str, Any], thresholds: dict[str, Any]) -> str:
     mode = result["mode"]
     if mode in MAX_ABS_DIFF:
         rule = f"max diff <= {MAX_ABS_DIFF[mode]:g}"
+    elif result["top1_drop"] is None:
+        rule = "a tower: reported, not judged"
     else:
         rule = f"top-1 drop <= {thresholds['max_top1_drop']:.1f} points"
     verdict = "REFUSED, not written" if result["refused"] else "PASS" if result["passed"] else "FAIL"

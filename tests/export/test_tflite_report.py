@@ -156,6 +156,24 @@ def test_int8_within_the_limit_is_written(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)
+def test_a_towers_files_are_reported_by_cosine_and_never_refused_on_a_top1(tmp_path):
+    """A tower's output is an embedding: its largest entry is no class, so its int8 files are not refused on a top-1
+    of it (hf_dinov3_swiglu_112's dynamic int8 file was, on 1.33 points) but reported by the least cosine with Keras'
+    embeddings; the digits' labels give no accuracy."""
+    tower = keras_vit.VisionTransformer(**TINY_VIT, input_shape=(32, 32, 3), include_top=False, pooling="token")
+    randomize(tower)
+    report = tflite.export_tflite(tower, tmp_path, dataset="digits", modes=("float32", "dynamic_int8"), **COUNTS)
+    assert report["keras_top1_accuracy"] is None
+    for result in report["modes"]:
+        assert (result["top1_agreement"], result["top1_drop"], result["reference_classes_predicted"]) == (
+            None, None, None)
+        assert not result["refused"] and result["passed"] and (tmp_path / result["file"]).exists()
+        assert 0.9 < result["min_cosine"] <= 1 + 1e-6
+    markdown = tflite.markdown_report(report)
+    assert "The model is a tower (its output an embedding, no classes)" in markdown
+    assert "| n/a (least cosine " in markdown and "a tower: reported, not judged" in markdown
+
+
 def test_debugger_failure_still_refuses(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("no\nranking")
