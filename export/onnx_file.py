@@ -73,10 +73,7 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
         export.precision.Top1DropError: the int8 file loses more than `max_top1_drop` points (nothing is written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"Unknown ONNX precision {precision!r}. Expected one of {', '.join(PRECISIONS)}.")
-    if not max_top1_drop >= 0:
-        raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
+    runtime_files.check_precision(precision, PRECISIONS, "ONNX", max_top1_drop)
     version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "ONNX", "onnx",
                                                              DISTRIBUTIONS)
     import onnxruntime

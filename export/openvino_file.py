@@ -69,10 +69,7 @@ def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version:
         export.precision.Top1DropError: the int8 file loses more than `max_top1_drop` points (nothing is written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"Unknown OpenVINO precision {precision!r}. Expected one of {', '.join(PRECISIONS)}.")
-    if not max_top1_drop >= 0:
-        raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
+    runtime_files.check_precision(precision, PRECISIONS, "OpenVINO", max_top1_drop)
     modules = DISTRIBUTIONS + (INT8_DISTRIBUTIONS if precision == "int8" else ())
     version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite,
                                                              f"{'int8 ' if precision == 'int8' else ''}OpenVINO",

@@ -35,6 +35,12 @@ class Top1DropError(ValueError):
     images than allowed: nothing was written."""
 
 
+def check_max_top1_drop(max_top1_drop: float) -> None:
+    """Raises ValueError unless `max_top1_drop` (points of top-1) is >= 0."""
+    if not max_top1_drop >= 0:
+        raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
+
+
 def resolve(precision: str) -> tuple[str, str]:
     """(`"float32"` or `"bfloat16"`, why): `auto` is bfloat16 where this machine's CPU computes bfloat16 natively
     (AVX512-BF16 or AMX), float32 elsewhere (on an accelerator too: a SavedModel for TF Serving runs on CPUs)."""
@@ -97,8 +103,7 @@ def agreement(reference: np.ndarray, ours: np.ndarray, max_top1_drop: float = DE
     |difference| relative to the largest reference output and the least cosine; for a `classifier`, the top-1
     agreement, `refused` past `max_top1_drop` points of it (an embedding's largest entry is no class: a tower is
     reported, not refused)."""
-    if not max_top1_drop >= 0:
-        raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
+    check_max_top1_drop(max_top1_drop)
     report = {"images": len(reference), "max_relative_diff": float(np.abs(ours - reference).max()
                                                                     / max(float(np.abs(reference).max()), 1e-30))}
     if classifier and reference.shape[-1] > 1:

@@ -35,6 +35,14 @@ def missing_modules(modules: Sequence[str]) -> list[str]:
     return [name for name in modules if importlib.util.find_spec(name) is None]
 
 
+def check_precision(asked: str, precisions: Sequence[str], what: str, max_top1_drop: float) -> None:
+    """Raises ValueError for a precision `asked` not among `precisions` of a `what` file, or a negative
+    `max_top1_drop`."""
+    if asked not in precisions:
+        raise ValueError(f"Unknown {what} precision {asked!r}. Expected one of {', '.join(precisions)}.")
+    precision.check_max_top1_drop(max_top1_drop)
+
+
 def begin(model: keras.Model, base_dir, version: int | None, overwrite: bool, what: str, extra: str,
           modules: Sequence[str]) -> tuple[int, Path, keras.Model, keras.InputSpec]:
     """The checks before a file for another runtime is written, and what it holds: ImportError naming

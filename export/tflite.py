@@ -44,7 +44,7 @@ from ai_edge_litert.interpreter import Interpreter
 from keras_vit import datasets, features
 from keras_vit.atomic import DiskSpaceError, atomic_write, check_room
 
-from . import ALL_MODES, data, model_io
+from . import ALL_MODES, data, model_io, precision
 from .tflite_conversion import (GPU_DELEGATE_MODES, INT8_CPU_FLOAT_OPS, MIXED_INT8_OPS, _BUILTIN_NAMES,
                                 available_modes, builtin_code, conversion_source, convert, sensitive_layers)
 
@@ -374,8 +374,7 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
     if unavailable:
         raise ValueError(f"TensorFlow {tf.__version__} cannot write {unavailable}: mixed_int8 needs "
                          f"tf.lite.experimental.QuantizationDebugger. Expected a subset of {available}.")
-    if not max_top1_drop >= 0:
-        raise ValueError(f"Expected max_top1_drop >= 0 (points of top-1). Received {max_top1_drop}.")
+    precision.check_max_top1_drop(max_top1_drop)
     check_room({str(out_dir): files_bytes(model, modes)}, "the LiteRT files")
     images, labels, source = _load_images(model, images, labels, dataset)
     calibration_index, evaluation_index = split_indices(len(images), calibration_count, evaluation_count)
