@@ -31,8 +31,8 @@ CHECK_PHOTOS = 128  # crops of real photographs the bfloat16 model is checked on
 
 
 class Top1DropError(ValueError):
-    """A reduced-precision model (a bfloat16 SavedModel, an int8 ONNX file) disagrees with the float32 model on more
-    images than allowed: nothing was written."""
+    """A reduced-precision model (a bfloat16 SavedModel, an int8 ONNX or OpenVINO file) disagrees with the float32
+    model on more images than allowed: nothing was written."""
 
 
 def check_max_top1_drop(max_top1_drop: float) -> None:
@@ -107,10 +107,12 @@ def agreement(reference: np.ndarray, ours: np.ndarray, max_top1_drop: float = DE
     report = {"images": len(reference), "max_relative_diff": float(np.abs(ours - reference).max()
                                                                     / max(float(np.abs(reference).max()), 1e-30))}
     if classifier and reference.shape[-1] > 1:
+        # From the count: 1 image of 100 is 1.0 point, not 1.0000000000000009.
         disagreements = int(np.count_nonzero(ours.argmax(-1) != reference.argmax(-1)))
-        report.update(top1_agreement=1 - disagreements / len(reference),
+        report.update(top1_agreement=(len(reference) - disagreements) / len(reference),
                       top1_drop=100.0 * disagreements / len(reference))
-    cosines = np.sum(ours * reference, -1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(reference, axis=-1))
+    norms = np.linalg.norm(ours, axis=-1) * np.linalg.norm(reference, axis=-1)
+    cosines = np.sum(ours * reference, -1) / np.maximum(norms, 1e-30)  # (a zero output: 0, not NaN)
     report["min_cosine"] = float(cosines.min())
     report["max_top1_drop"] = max_top1_drop
     report["refused"] = report.get("top1_drop", 0.0) > max_top1_drop

@@ -233,12 +233,9 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
     outputs = np.stack(outputs)
     one_thread = 1000 * float(np.median(seconds))
     two_threads = median_latency_ms(path, images[:LATENCY_IMAGES], num_threads=2)
-    predicted = outputs.argmax(-1)
-    # From the count, not 1 - agreement: 1 image of 100 is 1.0 point, not 1.0000000000000009.
-    disagreements = int(np.count_nonzero(predicted != reference.argmax(-1)))
-    flat, flat_reference = outputs.reshape(len(images), -1), reference.reshape(len(images), -1)
-    norms = np.linalg.norm(flat, axis=-1) * np.linalg.norm(flat_reference, axis=-1)
-    cosines = np.sum(flat * flat_reference, -1) / np.maximum(norms, 1e-30)
+    check = precision.agreement(reference.reshape(len(images), -1), outputs.reshape(len(images), -1), max_top1_drop,
+                                classifier=classifier)
+    has_top1 = "top1_agreement" in check
     result = {
         "mode": mode,
         "file": Path(path).name,
@@ -248,17 +245,17 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
         "latency_ms_median_by_threads": {"1": one_thread, "2": two_threads},
         "max_abs_diff": float(np.abs(outputs - reference).max()),
         "mean_abs_diff": float(np.abs(outputs - reference).mean()),
-        "min_cosine": float(cosines.min()),
-        "top1_agreement": float(np.mean(predicted == reference.argmax(-1))) if classifier else None,
-        "top1_drop": 100.0 * disagreements / len(images) if classifier else None,
-        "top1_accuracy": None if labels is None or not classifier else float(np.mean(predicted == labels)),
+        "min_cosine": check["min_cosine"],
+        "top1_agreement": check.get("top1_agreement"),
+        "top1_drop": check.get("top1_drop"),
+        "top1_accuracy": float(np.mean(outputs.argmax(-1) == labels)) if labels is not None and has_top1 else None,
         "images": len(images),
-        "reference_classes_predicted": int(len(np.unique(reference.argmax(-1)))) if classifier else None,
+        "reference_classes_predicted": int(len(np.unique(reference.argmax(-1)))) if has_top1 else None,
         "non_builtin_ops": non_builtin_ops(path),
         "float_ops": float_ops(path),
         "gpu_delegate_pitfalls": gpu_delegate_pitfalls(path) if mode in GPU_DELEGATE_MODES else None,
     }
-    result["refused"] = classifier and mode in INT8_MODES and result["top1_drop"] > max_top1_drop
+    result["refused"] = mode in INT8_MODES and check["refused"]
     result["sensitive_layers"] = None  # ranked by `export_tflite` for a refused mode only: the debugger is slow
     result["passed"] = _passed(result)
     return result
@@ -304,10 +301,10 @@ def _load_images(model: keras.Model, images: np.ndarray | None, labels: np.ndarr
 
 def _export_mode(model: keras.Model, source: str, out: Path, mode: str, calibration: np.ndarray,
                  reference: np.ndarray, evaluation: np.ndarray, labels: np.ndarray | None,
-                 max_top1_drop: float) -> dict[str, Any]:
-    """Converts (from `source`, the model's `conversion_source`) and evaluates one mode in a hidden file of `out`,
-    moved into place unless refused (then an older file of that name is removed: the folder holds what its report
-    says)."""
+                 max_top1_drop: float, classifier: bool) -> dict[str, Any]:
+    """Converts (from `source`, the model's `conversion_source`) and evaluates (`evaluate`, of a `classifier` or a
+    tower) one mode in a hidden file of `out`, moved into place unless refused (then an older file of that name is
+    removed: the folder holds what its report says)."""
     final = out / f"{model.name}_{mode}.tflite"
     handle, partial = tempfile.mkstemp(dir=out, prefix=f".{final.name}.", suffix=".partial")
     os.close(handle)
@@ -321,7 +318,7 @@ def _export_mode(model: keras.Model, source: str, out: Path, mode: str, calibrat
                                  "not written and the files there before are whole: free some space and convert "
                                  "again") from None
         result = evaluate(partial, mode, reference, evaluation, labels=labels, max_top1_drop=max_top1_drop,
-                          classifier=features.classifier_head(model) is not None)
+                          classifier=classifier)
         if result["refused"]:
             final.unlink(missing_ok=True)
         else:
@@ -381,6 +378,7 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
     calibration, evaluation = images[calibration_index], images[evaluation_index]
     evaluation_labels = None if labels is None else labels[evaluation_index]
     reference = model_io.with_pixel_input(model).predict(evaluation, verbose=0, batch_size=32)
+    classifier = features.classifier_head(model) is not None  # a tower's embedding has no top-1
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:  # one SavedModel for the float modes and one for the int8 modes
@@ -388,11 +386,11 @@ def export_tflite(model: keras.Model, out_dir: str | os.PathLike, *, images: np.
         for gpu_form in sorted({mode in GPU_DELEGATE_MODES for mode in modes}):
             sources[gpu_form] = stack.enter_context(conversion_source(model, gpu_delegate=gpu_form))
         results = [_export_mode(model, sources[mode in GPU_DELEGATE_MODES], out, mode, calibration, reference,
-                                evaluation, evaluation_labels, max_top1_drop) for mode in modes]
+                                evaluation, evaluation_labels, max_top1_drop, classifier) for mode in modes]
     report = {"model": model.name, "input_size": list(model_io.image_size(model)),
               "calibration_images": len(calibration),
               "images": {"source": source, "yours": source in ("given", "directory")},
-              "keras_top1_accuracy": (None if evaluation_labels is None or features.classifier_head(model) is None
+              "keras_top1_accuracy": (None if evaluation_labels is None or not classifier
                                       else float(np.mean(reference.argmax(-1) == evaluation_labels))),
               "thresholds": {"max_abs_diff": MAX_ABS_DIFF, "max_top1_drop": max_top1_drop},
               "modes": results}
