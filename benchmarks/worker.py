@@ -101,8 +101,6 @@ def _keras_on_accelerator(keras) -> bool:
 def _keras_case(impl: str, case: Case, threads: int):
     if impl == "keras_vit_xla" and case.kind != "train":
         return {"status": "skipped", "note": "keras_vit_xla is a training-only variant"}
-    if ARCHS[case.arch].get("family") and impl != "keras_vit":
-        return {"status": "skipped", "note": f"{case.arch} is built by keras_vit only (benchmarks.dinov3 compares)"}
     import keras
     if keras.backend.backend() == "tensorflow":
         _tf(threads)
@@ -164,8 +162,6 @@ def _torch(threads: int):
 
 
 def _timm_case(case: Case, threads: int):
-    if ARCHS[case.arch].get("family"):
-        return {"status": "skipped", "note": f"{case.arch} is built by keras_vit only (benchmarks.dinov3 compares)"}
     torch = _torch(threads)
     from benchmarks.torchvision_stub import import_timm
     timm, stubbed = import_timm()
@@ -295,7 +291,10 @@ def main(argv: list[str]) -> None:
             continue
         case = Case(**fields)
         try:
-            if impl == "timm":
+            if ARCHS[case.arch].get("family") and impl != "keras_vit":
+                result = {"status": "skipped",
+                          "note": f"{case.arch} is built by keras_vit only (benchmarks.dinov3 compares)"}
+            elif impl == "timm":
                 result = _timm_case(case, threads)
             else:
                 result = _keras_case(impl, case, threads)

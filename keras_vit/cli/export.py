@@ -33,11 +33,11 @@ SIGNATURES = ("embed", "features", "explain")  # serving.EXTRA_SIGNATURES
 SERVING_KERNELS = ("onednn", "eigen")  # keras_vit.kernels.SERVING_KERNELS
 FORMATS = ("saved_model", "onnx", "openvino")
 FILE_FORMATS = {"onnx": "ONNX", "openvino": "OpenVINO"}  # pixels in, the model's own outputs out
-PRECISIONS = ("float32", "bfloat16", "auto", "int8")
 # The precisions of each format (keras_vit.export.precision.PRECISIONS, onnx_file.PRECISIONS,
 # openvino_file.PRECISIONS).
 FORMAT_PRECISIONS = {"saved_model": ("float32", "bfloat16", "auto"), "onnx": ("float32", "int8"),
                      "openvino": ("float32", "int8")}
+PRECISIONS = tuple(dict.fromkeys(name for names in FORMAT_PRECISIONS.values() for name in names))
 DEFAULT_MAX_TOP1_DROP = 1.0  # keras_vit.export.precision.DEFAULT_MAX_TOP1_DROP
 # The flags of the SavedModel's serving signatures, which an ONNX file (pixels in, the model's outputs out) has not.
 SAVED_MODEL_ONLY = {"class_names": "--class-names", "signatures": "--signatures", "l2_normalize": "--l2-normalize"}
