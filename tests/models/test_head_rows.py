@@ -4,7 +4,12 @@ the exports computing that way. Backend-agnostic but for the graph checks: tests
 on JAX and PyTorch too."""
 
 import collections
+import gc
+import io
+import weakref
+import zipfile
 
+import h5py
 import keras
 import numpy as np
 import pytest
@@ -103,6 +108,36 @@ def test_predict_runs_the_head_rows_twin(monkeypatch):
         np.testing.assert_allclose(model.predict(IMAGES, batch_size=2, verbose=0), expected, atol=1e-6)
         assert last_call in calls and ("encoderblock_0", None) in calls, calls
         assert all(tokens == last_call[1] for name, tokens in calls if name == "encoderblock_1"), calls
+
+
+def test_a_predicted_model_is_freed_with_its_twin_once_unreferenced():
+    """The twin `predict` makes is kept by the model, not by keras_vit: a model dropped after `predict` is collected
+    (with its traced functions), whether its twin is another model or itself (it reads every row), and a `.keras`
+    file holds the same weights as before `predict`."""
+    for options in (dict(), dict(classifier="gap")):
+        model = build(**options)
+        model.predict(IMAGES, batch_size=2, verbose=0)
+        assert (keras_vit.head_rows_model(model) is model) == (options != {}), options
+        freed = weakref.ref(model)
+        del model
+        gc.collect()
+        assert freed() is None, options
+
+
+def test_predict_leaves_the_keras_file_as_it_was(tmp_path):
+    """The twin is no part of the model's saved state: the same config and the same weight entries after `predict`."""
+    model = build()
+    model.save(tmp_path / "before.keras")
+    model.predict(IMAGES, batch_size=2, verbose=0)
+    model.save(tmp_path / "after.keras")
+    entries = []
+    for name in ("before", "after"):
+        with zipfile.ZipFile(tmp_path / f"{name}.keras") as archive:
+            with h5py.File(io.BytesIO(archive.read("model.weights.h5"))) as weights:
+                names: list[str] = []
+                weights.visit(names.append)
+            entries.append((archive.read("config.json"), names))
+    assert entries[0] == entries[1]
 
 
 def matmul_rows(model: keras.Model, images: int = 3) -> collections.Counter:
