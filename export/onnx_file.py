@@ -26,6 +26,7 @@ from pathlib import Path
 import keras
 
 from keras_vit.atomic import atomic_write
+from keras_vit.kernels import scope
 
 from . import model_io, precision as precisions, runtime_files
 from .runtime_files import INPUT_NAME, MAX_RELATIVE_DIFF, check_images
@@ -83,7 +84,8 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
         path = os.path.join(partial, ONNX_FILE)
         with warnings.catch_warnings():  # tf2onnx's own use of deprecated NumPy names
             warnings.filterwarnings("ignore", category=FutureWarning)
-            pixel_model.export(path, format="onnx", verbose=False, input_signature=[spec], **options)
+            with scope.for_onnx():  # the exact GELU without Erfc, which ONNX lacks
+                pixel_model.export(path, format="onnx", verbose=False, input_signature=[spec], **options)
         session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
 
         def run(batch):

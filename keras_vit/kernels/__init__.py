@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from typing import Sequence
 
@@ -159,6 +160,8 @@ def gelu(x, approximate: bool = True):
         return tf_ops.xla_gelu_tanh(x)
     if approximate and scope.serving_kernels() == "eigen":
         return tf_ops.gelu_tanh_as_sigmoid(x)
+    if not approximate and scope.onnx():
+        return 0.5 * x * (1.0 + ops.erf(x * math.sqrt(0.5)))
     return keras.activations.gelu(x, approximate=approximate)
 
 

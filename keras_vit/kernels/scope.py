@@ -3,7 +3,7 @@
 `keras_vit.ViTModel` turns it on in its `train_step` (mode "training") and in its `test_step` and
 `predict_step` (mode "inference"); everything else (calls, exports, your own `tf.function`) traces
 with it off, on the portable ops. `served_on` names the kernels of the TensorFlow that will serve an export, and
-`for_gpu_delegate` traces a LiteRT file for the GPU delegate.
+`for_gpu_delegate` traces a LiteRT file for the GPU delegate, and `for_onnx` an ONNX file.
 """
 
 from __future__ import annotations
@@ -49,6 +49,19 @@ def for_gpu_delegate():
 def gpu_delegate() -> bool:
     """Whether `for_gpu_delegate` is entered on this thread."""
     return getattr(_state, "gpu_delegate", None) == "on"
+
+
+@contextlib.contextmanager
+def for_onnx():
+    """Traces a graph for ONNX: the exact GELU as 0.5 x (1 + erf(x / sqrt(2))). TensorFlow's `tf.nn.gelu` writes it
+    with Erfc, an op ONNX does not have: tf2onnx passes the node on and ONNX Runtime refuses the file."""
+    with _holding("onnx", "on"):
+        yield
+
+
+def onnx() -> bool:
+    """Whether `for_onnx` is entered on this thread."""
+    return getattr(_state, "onnx", None) == "on"
 
 
 def serving_kernels() -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from keras_vit.cli import export as export_cli
 from keras_vit.export import onnx_file
-from tests.testing import tiny_model
+from tests.testing import randomize, tiny_model
 
 
 def pixels(shape, seed=0) -> np.ndarray:
@@ -35,6 +35,32 @@ def test_keras_export_to_onnx_after_predict(tmp_path):
         np.testing.assert_allclose(run(tmp_path / "model.onnx", pixels((5, 32, 32, 3))[:count]), expected[:count],
                                    atol=1e-5, rtol=0)
     assert model.input_shape == (None, 32, 32, 3)  # the signature is the model's own, not a traced batch
+
+
+def test_an_exact_gelu_model_is_written_with_erf_and_matches_keras(tmp_path):
+    """timm's and Hugging Face's families use the exact GELU. TensorFlow writes it with Erfc, which ONNX does not have
+    (ONNX Runtime refused every such file: "No Op registered for Erfc"); the file computes it with Erf, within
+    float32 rounding of the Keras model, and the Keras model itself keeps TensorFlow's GELU."""
+    import keras
+    import onnx
+    import keras_vit
+
+    model = keras_vit.VisionTransformer(patch_size=8, hidden_dim=32, mlp_dim=64, num_heads=2, num_layers=2,
+                                       input_shape=(32, 32, 3), classes=5, weights=None, gelu_approximate=False)
+    randomize(model, seed=3)
+    path = onnx_file.export_onnx(model, tmp_path / "onnx") / onnx_file.ONNX_FILE
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert "Erf" in ops and "Erfc" not in ops, ops
+    images = pixels((3, 32, 32, 3), seed=2)
+    expected = np.asarray(model(images, training=False))
+    assert np.ptp(expected) > 0.1  # not a flat output
+    np.testing.assert_allclose(run(path, images), expected, atol=1e-5, rtol=0)
+    x = keras.ops.convert_to_tensor(np.linspace(-4, 4, 9, dtype="float32"))
+    np.testing.assert_allclose(keras_vit.kernels.gelu(x, approximate=False),
+                               keras.activations.gelu(x, approximate=False), atol=0, rtol=0)  # outside the scope
+    with keras_vit.kernels.scope.for_onnx():
+        np.testing.assert_allclose(keras_vit.kernels.gelu(x, approximate=False),
+                                   keras.activations.gelu(x, approximate=False), atol=1e-6, rtol=0)
 
 
 def test_cli_writes_versions_checked_against_keras_and_never_overwrites(tmp_path, capsys):
