@@ -7,7 +7,9 @@ The model (random weights and a random head, as `benchmarks.serving`'s) is writt
 each file taking [0, 255] pixels at the model's size with the preprocessing inside and giving probabilities:
 
 - `savedmodel_fp32`, `savedmodel_bf16`: `export_saved_model` (`precision="bfloat16"`: bfloat16 weights and layers),
-  run through TF1's loader (`serving_default`), as TF Serving runs it;
+  run through TF1's loader (`serving_default`), as TF Serving runs it; `savedmodel_int8`: the model after Keras'
+  `model.quantize("int8")` (int8 weights of every projection, activations quantized per row at run time), written by
+  the same `export_saved_model`;
 - `onnx_fp32`: `export_onnx`, in ONNX Runtime; `onnx_int8`: that file through ONNX Runtime's post-training
   `quantize_dynamic` (`onnx_file.quantize_in_place`, as `--precision int8` writes it: int8 weights, activations
   quantized at run time);
@@ -15,7 +17,11 @@ each file taking [0, 255] pixels at the model's size with the preprocessing insi
   (bfloat16 on CPUs with AVX512-BF16 or AMX); `openvino_int8`: that file through NNCF's post-training quantization
   (`openvino_file.quantize_in_place`, as `--precision int8` writes it), compiled at the CPU's default precision;
 - `litert_fp32`, `litert_dynamic_int8`: `keras_vit.export.tflite_conversion.convert`, in LiteRT's interpreter
-  (XNNPACK). Its files take batch 1: a batch of 16 is 16 calls.
+  (XNNPACK). Its files take batch 1: a batch of 16 is 16 calls;
+- `keras_hub_onnx_fp32`: keras-hub's `ViTBackbone` of the same size with a Dense head on its class token (as
+  `benchmarks.run` builds it), the same [0, 255] -> [-1, 1] rescaling before it and softmax after, written by Keras'
+  own `model.export(format="onnx")`, in ONNX Runtime; its agreement is with keras-hub's own Keras model (needs
+  keras-hub).
 
 Each form runs in a fresh process per round with `--threads` threads, the forms interleaved within every round,
 and times `--runs` calls per batch size after one warm-up; the median is reported. Each form's top-1 agreement
@@ -37,8 +43,13 @@ import tempfile
 import time
 
 RESULT_PREFIX = "RUNTIME_RESULT "
-FORMS = ("savedmodel_fp32", "savedmodel_bf16", "onnx_fp32", "onnx_int8", "openvino_fp32", "openvino_default",
-         "openvino_int8", "litert_fp32", "litert_dynamic_int8")
+# form: (runtime, precision)
+FORM_KINDS = {"savedmodel_fp32": ("savedmodel", "fp32"), "savedmodel_bf16": ("savedmodel", "bf16"),
+              "savedmodel_int8": ("savedmodel", "int8"), "onnx_fp32": ("onnx", "fp32"), "onnx_int8": ("onnx", "int8"),
+              "openvino_fp32": ("openvino", "fp32"), "openvino_default": ("openvino", "default"),
+              "openvino_int8": ("openvino", "int8"), "litert_fp32": ("litert", "fp32"),
+              "litert_dynamic_int8": ("litert", "dynamic_int8"), "keras_hub_onnx_fp32": ("onnx", "keras_hub")}
+FORMS = tuple(FORM_KINDS)
 CHECK_IMAGES = 64
 
 
@@ -53,16 +64,22 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
 
     model = worker.randomize_head(worker._keras_vit_model(arch, train=False, served=True))
     images = data.photos(model_io.image_size(model), count=CHECK_IMAGES, seed=5)
-    reference = np.concatenate([np.asarray(model(images[i:i + 16], training=False)) for i in range(0, len(images), 16)])
-    checks = os.path.join(out, "checks.npz")
-    np.savez(checks, images=images, reference=reference)
+    references = {"keras_vit": _batched(model, images)}
     paths, written = {}, {}
-    for form in forms:
-        kind, precision = form.split("_", 1)
+    # savedmodel_int8 last: Keras' quantize changes the model in place.
+    for form in sorted(forms, key=lambda name: name == "savedmodel_int8"):
+        kind, precision = FORM_KINDS[form]
         if kind == "savedmodel":
+            if precision == "int8":
+                model.quantize("int8")
             paths[form] = str(saved_model.export_saved_model(
                 model, os.path.join(out, form), version=1, precision="bfloat16" if precision == "bf16" else "float32",
                 max_top1_drop=100.0))  # random weights: measured here, not gated
+        elif precision == "keras_hub":
+            hub_model = _served_keras_hub_model(arch)
+            references["keras_hub"] = _batched(hub_model, images)
+            paths[form] = os.path.join(out, "keras_hub.onnx")
+            hub_model.export(paths[form], format="onnx", verbose=False)
         elif kind == "onnx":
             if kind not in written:
                 written[kind] = str(onnx_file.export_onnx(model, os.path.join(out, kind)) / onnx_file.ONNX_FILE)
@@ -87,14 +104,35 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
         else:
             paths[form] = str(tflite_conversion.convert(model, os.path.join(out, f"{form}.tflite"),
                                                         "float32" if precision == "fp32" else precision))
+    checks = os.path.join(out, "checks.npz")
+    np.savez(checks, images=images, **references)
     return {form: paths[form] for form in forms}, checks
+
+
+def _batched(model, images):
+    """`model`'s outputs on `images`, 16 at a time."""
+    import numpy as np
+    return np.concatenate([np.asarray(model(images[i:i + 16], training=False)) for i in range(0, len(images), 16)])
+
+
+def _served_keras_hub_model(arch: str):
+    """keras-hub's ViT of `arch` (`benchmarks.worker`'s) as keras_vit's file serves: [0, 255] pixels in, probabilities
+    out; called once, as Keras' ONNX export needs."""
+    import keras
+    from benchmarks import worker
+    logits_model = worker._keras_hub_model(arch, train=False)
+    pixels = keras.Input(logits_model.input_shape[1:])
+    scaled = keras.layers.Rescaling(1 / 127.5, offset=-1.0)(pixels)
+    model = keras.Model(pixels, keras.layers.Softmax(dtype="float32")(logits_model(scaled)))
+    model(keras.ops.zeros((1, *logits_model.input_shape[1:])))
+    return model
 
 
 def runner(form: str, path: str, threads: int):
     """One batch of [0, 255] pixels -> probabilities, in `form`'s runtime with `threads` threads."""
     import numpy as np
 
-    kind = form.split("_", 1)[0]
+    kind = FORM_KINDS[form][0]
     if kind == "savedmodel":
         import tensorflow as tf
         graph = tf.Graph()
@@ -131,7 +169,8 @@ def run_form(form: str, path: str, checks: str, batches: list[int], runs: int, t
 
     predict = runner(form, path, threads)
     with np.load(checks) as arrays:
-        images, reference = arrays["images"], arrays["reference"]
+        images = arrays["images"]
+        reference = arrays["keras_hub" if FORM_KINDS[form][1] == "keras_hub" else "keras_vit"]
     outputs = np.concatenate([predict(images[i:i + 16]) for i in range(0, len(images), 16)])
     result = {"top1_agreement": float(np.mean(outputs.argmax(-1) == reference.argmax(-1))),
               "max_abs_diff": float(np.abs(outputs - reference).max()),
@@ -179,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"CPU: {_cpu()}; {args.threads} threads; {args.arch}; random weights", flush=True)
     out = tempfile.mkdtemp(prefix="runtimes_bench_")
     paths, checks = write_files(args.arch, out, forms)
-    results = collections.defaultdict(list)
+    results, failures = collections.defaultdict(list), {}
     for round_index in range(args.rounds):
         for form in (forms if round_index % 2 == 0 else forms[::-1]):
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS=str(args.threads))
@@ -187,8 +226,10 @@ def main(argv: list[str] | None = None) -> None:
                        "--batches", args.batches, "--runs", str(args.runs), "--threads", str(args.threads)]
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
             lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-            if not lines:
-                raise RuntimeError(f"{form}: exited {done.returncode}: {done.stderr[-1500:]}")
+            if not lines:  # The runtime refused the file (or crashed): a row that says so, and the other forms run.
+                failures[form] = _last_error(done.stderr) or f"exited {done.returncode}"
+                print(f"[round {round_index + 1}/{args.rounds}] {form}: failed: {failures[form]}", flush=True)
+                continue
             result = json.loads(lines[0][len(RESULT_PREFIX):])
             results[form].append(result)
             print(f"[round {round_index + 1}/{args.rounds}] {form}: "
@@ -196,12 +237,23 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n| form | {' | '.join(f'bs{b} (ms)' for b in batches)} | top-1 agreement with Keras | max abs prob diff "
           f"| file MB |\n|---|{'---:|' * len(batches)}---:|---:|---:|")
     for form in forms:
+        if form in failures:
+            print(f"| {form} | {' | '.join('failed' for _ in batches)} | {failures[form]} | | "
+                  f"{_megabytes(paths[form]):.0f} |")
+            continue
         first = results[form][0]
         timing = " | ".join(f"{statistics.median(r[f'bs{b}'] for r in results[form]):.1f}" for b in batches)
         print(f"| {form} | {timing} | {100 * first['top1_agreement']:.1f}% | {first['max_abs_diff']:.1e} | "
               f"{_megabytes(paths[form]):.0f} |")
-    print(f"\n(the Keras model predicts {results[forms[0]][0]['classes_predicted']} distinct classes on the "
-          f"{CHECK_IMAGES} check images)")
+    predicted = next((results[form][0]["classes_predicted"] for form in forms if results[form]), None)
+    print(f"\n(the Keras model predicts {predicted} distinct classes on the {CHECK_IMAGES} check images)")
+
+
+def _last_error(stderr: str) -> str:
+    """The line of a failed form's stderr that says why: its last line naming an error, shortened."""
+    named = [line.strip() for line in stderr.splitlines() if "Error" in line or "error" in line]
+    line = (named or [""])[-1].replace("|", "/")
+    return line if len(line) <= 120 else "..." + line[-120:]
 
 
 if __name__ == "__main__":
