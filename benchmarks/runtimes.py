@@ -64,7 +64,7 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
 
     model = worker.randomize_head(worker._keras_vit_model(arch, train=False, served=True))
     images = data.photos(model_io.image_size(model), count=CHECK_IMAGES, seed=5)
-    references = {"keras_vit": _batched(model, images)}
+    references = {"keras_vit": _batched(lambda batch: model(batch, training=False), images)}
     paths, written = {}, {}
     # savedmodel_int8 last: Keras' quantize changes the model in place.
     for form in sorted(forms, key=lambda name: name == "savedmodel_int8"):
@@ -77,7 +77,7 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
                 max_top1_drop=100.0))  # random weights: measured here, not gated
         elif precision == "keras_hub":
             hub_model = _served_keras_hub_model(arch)
-            references["keras_hub"] = _batched(hub_model, images)
+            references["keras_hub"] = _batched(lambda batch: hub_model(batch, training=False), images)
             paths[form] = os.path.join(out, "keras_hub.onnx")
             hub_model.export(paths[form], format="onnx", verbose=False)
         elif kind == "onnx":
@@ -109,10 +109,10 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
     return {form: paths[form] for form in forms}, checks
 
 
-def _batched(model, images):
-    """`model`'s outputs on `images`, 16 at a time."""
+def _batched(predict, images):
+    """`predict`'s outputs on `images`, 16 at a time (the Keras references and every form's check alike)."""
     import numpy as np
-    return np.concatenate([np.asarray(model(images[i:i + 16], training=False)) for i in range(0, len(images), 16)])
+    return np.concatenate([np.asarray(predict(images[i:i + 16])) for i in range(0, len(images), 16)])
 
 
 def _served_keras_hub_model(arch: str):
@@ -171,7 +171,7 @@ def run_form(form: str, path: str, checks: str, batches: list[int], runs: int, t
     with np.load(checks) as arrays:
         images = arrays["images"]
         reference = arrays["keras_hub" if FORM_KINDS[form][1] == "keras_hub" else "keras_vit"]
-    outputs = np.concatenate([predict(images[i:i + 16]) for i in range(0, len(images), 16)])
+    outputs = _batched(predict, images)
     result = {"top1_agreement": float(np.mean(outputs.argmax(-1) == reference.argmax(-1))),
               "max_abs_diff": float(np.abs(outputs - reference).max()),
               "classes_predicted": int(len(np.unique(reference.argmax(-1))))}
