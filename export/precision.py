@@ -31,8 +31,13 @@ CHECK_PHOTOS = 128  # crops of real photographs the bfloat16 model is checked on
 
 
 class Top1DropError(ValueError):
-    """A reduced-precision model (a bfloat16 SavedModel, an int8 ONNX or OpenVINO file) disagrees with the float32
-    model on more images than allowed: nothing was written."""
+    """A reduced-precision model (a bfloat16 SavedModel, an int8 ONNX, OpenVINO or LiteRT file) disagrees with the
+    float32 model on more images than allowed: that file was not written. `report` is the report written beside the
+    files that were (the LiteRT modes), else None."""
+
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report
 
 
 def check_max_top1_drop(max_top1_drop: float) -> None:

@@ -53,15 +53,8 @@ MAX_ABS_DIFF = {"float32": 1e-4, "float16": 1e-2}
 INT8_MODES = ("dynamic_int8", "mixed_int8", "int8", "int8_cpu")
 # Bytes a weight takes in each mode's file, for the room a conversion needs: mixed_int8 at most all float32.
 BYTES_PER_WEIGHT = {"float32": 4, "float16": 2, "mixed_int8": 4, "dynamic_int8": 1, "int8": 1, "int8_cpu": 1}
-DEFAULT_MAX_TOP1_DROP = 1.0  # points of top-1 agreement with the Keras model an int8 mode may lose
-
-
-class Top1DropError(RuntimeError):
-    """An int8 mode lost more top-1 agreement than allowed; it was not written. `report` is the written report."""
-
-    def __init__(self, message: str, report: dict[str, Any]):
-        super().__init__(message)
-        self.report = report
+DEFAULT_MAX_TOP1_DROP = precision.DEFAULT_MAX_TOP1_DROP  # points of top-1 an int8 mode may lose
+Top1DropError = precision.Top1DropError  # an int8 mode lost more; raised with the written report as `report`
 
 
 class _Op(NamedTuple):

@@ -17,7 +17,7 @@ from ai_edge_litert import schema_py_generated as schema
 
 from keras_vit import _tf_internals, datasets
 from keras_vit.cli import tflite as tflite_cli
-from keras_vit.export import data, model_io, tflite, tflite_conversion
+from keras_vit.export import data, model_io, precision, tflite, tflite_conversion
 from tests.testing import TINY_VIT, made_once, randomize
 
 SIZE = (16, 16)
@@ -101,6 +101,8 @@ def test_op_coverage_unknown_without_the_private_listing(how, tmp_path, monkeypa
 def test_int8_over_the_limit_is_refused_and_not_written(refused):
     model, out, error = refused
     message = str(error)
+    # The one refusal of every export (the bfloat16 SavedModel, the int8 ONNX / OpenVINO / LiteRT files).
+    assert type(error) is precision.Top1DropError and isinstance(error, ValueError)
     report = json.loads((out / "report.json").read_text())
     assert report == error.report
     results = {r["mode"]: r for r in report["modes"]}
