@@ -423,3 +423,61 @@ def test_paired_benchmark_times_keras_vit_and_the_peer_in_one_process(monkeypatc
     # each trains with its own AdamW, as in benchmarks.run: keras_vit's fused one, the peer Keras' own
     assert isinstance(built["keras_vit", True].optimizer, AdamW)
     assert type(built["keras_hub", True].optimizer) is keras.optimizers.AdamW
+
+
+@pytest.mark.slow  # two tiny models, 2 batch sizes, 3 calls each (about 5 s)
+def test_naflex_speed_benchmark_times_both_models_on_the_same_token_count(monkeypatch, capsys):
+    """SigLIP-B/16's place is taken by a one-block encoder of width 32: the inputs, the alternating calls, the table
+    and --check are the benchmark's own."""
+    from benchmarks import naflex_speed
+    monkeypatch.setattr(naflex_speed, "B16", dict(naflex_speed.B16, hidden_dim=32, mlp_dim=64, num_heads=2,
+                                                  num_layers=1))
+    square, sequences = naflex_speed.inputs(3)
+    assert square.shape == (3, 256, 256, 3)
+    assert sequences["patches"].shape == (3, naflex_speed.BUDGET, 16 * 16 * 3)
+    assert sequences["spatial_shapes"].tolist() == [[16, 16], [12, 21], [21, 12]]
+    assert sequences["patch_mask"].sum(1).tolist() == [256, 252, 252]
+    code = naflex_speed.main(["--batches", "1,3", "--calls", "3", "--check", "1e-9"])
+    out = capsys.readouterr().out
+    assert code == 1  # NaFlex is not a billion times faster than the fixed model: --check fails
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("| 1 |") or line.startswith("| 3 |")]
+    assert [row[0] for row in rows] == ["1", "3"]
+    for row in rows:
+        fixed, flexible, ratio = float(row[1]), float(row[2]), float(row[3].rstrip("x"))
+        assert fixed > 0 and flexible > 0 and ratio == pytest.approx(flexible / fixed, rel=0.01, abs=2e-3)
+        assert row[4].endswith(" of 3")
+
+
+def test_exported_files_benchmark_measures_each_batch_against_keras():
+    """`check` runs the runtime and the Keras model on each batch, 16 images at a time: the differences, top-1
+    agreement for a classifier, 1 - cos for a tower; `markdown` prints a row per batch."""
+    from benchmarks import exported_files
+    rng = np.random.default_rng(0)
+    weights = rng.normal(size=(3, 5))
+    images = {"20 at 2x2": rng.uniform(0, 255, (20, 2, 2, 3)), "3 at 2x2": rng.uniform(0, 255, (3, 2, 2, 3))}
+
+    def keras_model(batch, training=False):
+        assert len(batch) <= 16 and training is False
+        return batch.reshape(len(batch), -1, 3).mean(1) @ weights
+
+    flipped = []
+
+    def runtime(batch):  # Keras' outputs plus 1e-3, and the first image's top class moved to another
+        outputs = keras_model(batch) + 1e-3
+        if not flipped:
+            outputs[0, outputs[0].argmax()] -= 1e3
+            flipped.append(True)
+        return outputs
+
+    rows = exported_files.check(runtime, keras_model, images, classifier=True)
+    assert [row["images"] for row in rows] == list(images)
+    assert rows[0]["top1_agreement"] == pytest.approx(19 / 20) and rows[1]["top1_agreement"] == 1.0
+    assert rows[1]["max_abs_diff"] == pytest.approx(1e-3)
+    scale = max(1.0, np.abs(keras_model(images["3 at 2x2"])).max())
+    assert rows[1]["max_relative_diff"] == pytest.approx(1e-3 / scale)
+    (tower,) = exported_files.check(lambda batch: 2 * keras_model(batch), keras_model, {"3": images["3 at 2x2"]},
+                                    classifier=False)
+    assert tower["max_one_minus_cos"] == pytest.approx(0, abs=1e-12)  # the same direction, twice as long
+    table = exported_files.markdown([{"model": "b16", "format": "onnx", "export_seconds": 1.5, "checks": rows}])
+    assert "| b16 | onnx | 1.5 | 20 at 2x2 | " in table and table.count("\n") == 3 and "| 95.0% |" in table
