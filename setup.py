@@ -44,7 +44,7 @@ EXTRAS = {
     # Tests: SciPy and safetensors write the reference data; TF Serving's protos read the warmup requests;
     # JAX runs the model on a second Keras backend (PyTorch too, where it is installed); import-linter checks
     # the import contracts of `.importlinter` (its `protected` and `acyclic_siblings` contracts: 2.6+);
-    # pytest-xdist runs the suite on both cores (`-n 2`: the serial run leaves one mostly idle).
+    # pytest-xdist runs the suite on both cores (`-n 3`: the serial run leaves one mostly idle).
     "test": ["pytest>=8", "scipy>=1.11", "safetensors>=0.4", "tensorflow-serving-api>=2.19,<3", "jax>=0.4.30",
              "import-linter>=2.6,<3", "pytest-xdist>=3.5,<4"],
 }

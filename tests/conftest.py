@@ -40,8 +40,8 @@ MULTI_PROCESS_MODULES = ("test_multihost.py", "test_backends.py", "test_exact_ev
 
 def pytest_collection_modifyitems(config, items):
     """The `slow` tests first, those of `MULTI_PROCESS_MODULES` before the others, each group in collection order:
-    with `-n 2` the longest tests start early and the workers end on short ones, so neither waits long for the
-    other at the end."""
+    with `-n 3` the longest tests start early and the workers end on short ones, so none waits long for the
+    others at the end."""
     def rank(item) -> int:
         if item.get_closest_marker("slow") is None:
             return 2
@@ -61,10 +61,11 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`-n 2` schedules by work stealing (`--dist worksteal`) unless another `--dist` is asked for: xdist's default
-    (`load`) first gives each worker an eighth of the list that the other cannot take over (of 825 tests, one
-    got the first 103, all slow: most of the suite's time); with work stealing an idle worker takes tests from
-    the end of the other's queue. Not in pytest.ini: .ci/packaging runs it where pytest-xdist is not installed."""
+    """`-n 3` schedules by work stealing (`--dist worksteal`) unless another `--dist` is asked for: xdist's default
+    (`load`) first gives each worker an eighth of the list that the others cannot take over (with two workers, of
+    825 tests one got the first 103, all slow: most of the suite's time); with work stealing an idle worker takes
+    tests from the end of another's queue. Not in pytest.ini: .ci/packaging runs it where pytest-xdist is not
+    installed."""
     if config.getoption("dist") == "load":
         from xdist.scheduler import WorkStealingScheduling
         return WorkStealingScheduling(config, log)
