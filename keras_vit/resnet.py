@@ -13,6 +13,8 @@ from typing import Sequence
 import keras
 from keras import ops
 
+from keras_vit.kernels import scope
+
 STD_CONV_EPSILON = 1e-5
 GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm default.
 GROUP_NORM_GROUPS = 32
@@ -41,9 +43,32 @@ class StdConv2D(keras.layers.Conv2D):
         return super().convolution_op(inputs, kernel)
 
 
-def _group_norm(name: str, dtype, gamma_initializer="ones") -> keras.layers.GroupNormalization:
-    return keras.layers.GroupNormalization(groups=GROUP_NORM_GROUPS, epsilon=GROUP_NORM_EPSILON,
-                                           gamma_initializer=gamma_initializer, name=name, dtype=dtype)
+@_register
+class GroupNormalization(keras.layers.GroupNormalization):
+    """Keras' `GroupNormalization`, traced for LiteRT's GPU delegate (`keras_vit.kernels.scope.for_gpu_delegate`)
+    with tensors of rank 4: Keras' layer groups the channels as (batch, height, width, groups, channels / group),
+    a rank-5 tensor the delegate refuses (LiteRT issue 2540). Inside that scope, the same maths over
+    (batch, height * width, groups, channels / group):
+
+        y = (x - mean) / sqrt(var + eps) * gamma + beta,  mean and var over (positions, channels of the group)
+    """
+
+    def call(self, inputs):
+        height, width, channels = inputs.shape[1:]
+        if not (scope.gpu_delegate() and self.scale and self.center) or None in (height, width) or \
+                self.axis not in (-1, 3):
+            return super().call(inputs)
+        grouped = (-1, height * width, self.groups, channels // self.groups)
+        x = ops.reshape(ops.cast(inputs, "float32"), grouped)
+        mean, variance = ops.moments(x, axes=(1, 3), keepdims=True)
+        scale = ops.rsqrt(variance + self.epsilon) * ops.reshape(ops.cast(self.gamma, "float32"), (1, 1, *grouped[2:]))
+        y = (x - mean) * scale + ops.reshape(ops.cast(self.beta, "float32"), (1, 1, *grouped[2:]))
+        return ops.cast(ops.reshape(y, ops.shape(inputs)), self.compute_dtype)
+
+
+def _group_norm(name: str, dtype, gamma_initializer="ones") -> GroupNormalization:
+    return GroupNormalization(groups=GROUP_NORM_GROUPS, epsilon=GROUP_NORM_EPSILON,
+                              gamma_initializer=gamma_initializer, name=name, dtype=dtype)
 
 
 def _std_conv(filters: int, kernel_size: int, strides: int, name: str, dtype) -> StdConv2D:

@@ -460,3 +460,20 @@ def test_files_are_converted_from_the_head_rows_twin(tmp_path):
     dense = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(2)])
     plain = tflite.convert(dense, tmp_path / "dense.tflite", "float32", pixel_input=False)
     assert tflite.gpu_delegate_pitfalls(plain) == {}
+
+
+@pytest.mark.slow  # converts a tiny hybrid (about 5 s)
+def test_a_hybrids_float_file_has_no_tensor_of_rank_5_and_keeps_its_outputs(tmp_path):
+    """The hybrid's GroupNorm is traced with rank-4 tensors for the GPU delegate (Keras' layer makes rank-5 ones,
+    which the delegate refuses): its float32 file has none of the pitfalls and computes the Keras model's numbers."""
+    from tests.testing import TINY_HYBRID
+    model = keras_vit.VisionTransformer(weights=None, input_shape=(32, 32, 3), classes=10, classifier_activation=None,
+                                        **TINY_HYBRID)
+    randomize(model, seed=2)
+    path = tflite.convert(model, tmp_path / "hybrid.tflite", "float32")
+    assert tflite.gpu_delegate_pitfalls(path) == {}
+    images = data.photos((32, 32), count=3)
+    classifier = tflite.LiteRTClassifier(path)
+    expected = model_io.with_pixel_input(model).predict(images, verbose=0)
+    assert np.ptp(expected) > 0.5  # logits, not a flat output
+    np.testing.assert_allclose(np.stack([classifier(image) for image in images]), expected, atol=1e-5)

@@ -481,3 +481,19 @@ def test_exported_files_benchmark_measures_each_batch_against_keras():
     assert tower["max_one_minus_cos"] == pytest.approx(0, abs=1e-12)  # the same direction, twice as long
     table = exported_files.markdown([{"model": "b16", "format": "onnx", "export_seconds": 1.5, "checks": rows}])
     assert "| b16 | onnx | 1.5 | 20 at 2x2 | " in table and table.count("\n") == 3 and "| 95.0% |" in table
+
+
+def test_gpu_delegate_benchmark_covers_every_family_folder_and_prints_each_row():
+    """Every image-model folder of the family harness is checked (the NaFlex one is not a LiteRT model); a row per
+    file, the int8 file's float ops in their own column."""
+    from benchmarks import gpu_delegate
+    folders = {path.name for path in (ROOT / "tests" / "data" / "families").iterdir() if path.is_dir()}
+    assert set(gpu_delegate.families()) == {*gpu_delegate.BUILT, *(name for name in folders if "naflex" not in name)}
+    rows = [{"family": "f", "file": "float32", "form": "before", "pitfalls": {"transposed_batch_matmul": 2},
+             "analyzer": "compatible"},
+            {"family": "f", "file": "float16", "form": "as written", "pitfalls": {}, "analyzer": "compatible"},
+            {"family": "f", "file": "int8", "form": "as written", "float_ops": []}]
+    assert gpu_delegate.markdown(rows).splitlines()[2:] == [
+        "| f | float32 | before | transposed_batch_matmul 2 | compatible | |",
+        "| f | float16 | as written | none | compatible | |",
+        "| f | int8 | as written | | | none |"]
