@@ -54,10 +54,10 @@ class GroupNormalization(keras.layers.GroupNormalization):
     """
 
     def call(self, inputs):
-        height, width, channels = inputs.shape[1:]
-        if not (scope.gpu_delegate() and self.scale and self.center) or None in (height, width) or \
-                self.axis not in (-1, 3):
+        if not (scope.gpu_delegate() and len(inputs.shape) == 4 and None not in inputs.shape[1:3]
+                and self.axis in (-1, 3) and self.scale and self.center):
             return super().call(inputs)
+        height, width, channels = inputs.shape[1:]
         grouped = (-1, height * width, self.groups, channels // self.groups)
         x = ops.reshape(ops.cast(inputs, "float32"), grouped)
         mean, variance = ops.moments(x, axes=(1, 3), keepdims=True)
