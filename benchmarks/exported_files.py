@@ -60,7 +60,7 @@ def make_dinov2(folder: str) -> None:
 def export(name: str, fmt: str, source: list[str], out: str) -> dict:
     """Runs keras-vit-export for one model and format; (seconds, its last output line, the version folder)."""
     command = [sys.executable, "-m", "keras_vit.cli.export", *source, "--out", os.path.join(out, f"{name}_{fmt}"),
-               "--format", fmt]
+               "--format", fmt, "--version", "1", "--overwrite"]  # a rerun into the same --out replaces version 1
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     seconds = time.perf_counter() - start
@@ -101,11 +101,13 @@ def check(run, pixel_model, batches: dict, classifier: bool) -> list[dict]:
     """Each batch through `run` (the runtime) and the Keras `pixel_model`, 16 images at a time."""
     import numpy as np
 
+    from benchmarks.runtimes import _batched
+    from keras_vit.export import precision
+
     rows = []
     for label, images in batches.items():
-        ours = np.concatenate([run(images[i:i + 16]) for i in range(0, len(images), 16)]).astype(np.float64)
-        want = np.concatenate([np.asarray(pixel_model(images[i:i + 16], training=False))
-                               for i in range(0, len(images), 16)]).astype(np.float64)
+        want = precision.outputs(pixel_model, images)  # float64, (images, features)
+        ours = _batched(run, images).astype(np.float64).reshape(want.shape)
         row = {"images": label, "max_abs_diff": float(np.abs(ours - want).max()),
                "max_relative_diff": float(np.abs(ours - want).max() / max(1.0, np.abs(want).max()))}
         if classifier:

@@ -459,12 +459,12 @@ def test_exported_files_benchmark_measures_each_batch_against_keras():
 
     def keras_model(batch, training=False):
         assert len(batch) <= 16 and training is False
-        return batch.reshape(len(batch), -1, 3).mean(1) @ weights
+        return (batch.reshape(len(batch), -1, 3).mean(1) @ weights).astype("float32")  # as a Keras model's
 
     flipped = []
 
     def runtime(batch):  # Keras' outputs plus 1e-3, and the first image's top class moved to another
-        outputs = keras_model(batch) + 1e-3
+        outputs = keras_model(batch).astype(np.float64) + 1e-3
         if not flipped:
             outputs[0, outputs[0].argmax()] -= 1e3
             flipped.append(True)
