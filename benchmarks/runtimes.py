@@ -12,7 +12,8 @@ each file taking [0, 255] pixels at the model's size with the preprocessing insi
   the same `export_saved_model`;
 - `onnx_fp32`: `export_onnx`, in ONNX Runtime; `onnx_int8`: that file through ONNX Runtime's post-training
   `quantize_dynamic` (`onnx_file.quantize_in_place`, as `--precision int8` writes it: int8 weights, activations
-  quantized at run time);
+  quantized at run time); `onnx_int8_static`: that file through `quantize_static` (`onnx_file.quantize_static_in_place`,
+  as `--precision int8_static` writes it: QDQ, uint8 activations calibrated on the photo crops the command uses);
 - `openvino_fp32`, `openvino_default`: `export_openvino`, compiled in float32 and at the CPU's default precision
   (bfloat16 on CPUs with AVX512-BF16 or AMX); `openvino_int8`: that file through NNCF's post-training quantization
   (`openvino_file.quantize_in_place`, as `--precision int8` writes it), compiled at the CPU's default precision;
@@ -46,7 +47,8 @@ RESULT_PREFIX = "RUNTIME_RESULT "
 # form: (runtime, precision)
 FORM_KINDS = {"savedmodel_fp32": ("savedmodel", "fp32"), "savedmodel_bf16": ("savedmodel", "bf16"),
               "savedmodel_int8": ("savedmodel", "int8"), "onnx_fp32": ("onnx", "fp32"), "onnx_int8": ("onnx", "int8"),
-              "openvino_fp32": ("openvino", "fp32"), "openvino_default": ("openvino", "default"),
+              "onnx_int8_static": ("onnx", "int8_static"), "openvino_fp32": ("openvino", "fp32"),
+              "openvino_default": ("openvino", "default"),
               "openvino_int8": ("openvino", "int8"), "litert_fp32": ("litert", "fp32"),
               "litert_dynamic_int8": ("litert", "dynamic_int8"), "keras_hub_onnx_fp32": ("onnx", "keras_hub")}
 FORMS = tuple(FORM_KINDS)
@@ -60,8 +62,11 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
     import numpy as np
 
     from benchmarks import worker
-    from keras_vit.export import data, model_io, onnx_file, openvino_file, saved_model, tflite_conversion
+    from keras_vit.export import (data, model_io, onnx_file, openvino_file, runtime_files, saved_model,
+                                  tflite_conversion)
 
+    import keras
+    keras.utils.set_random_seed(0)  # the same random model in every run (its agreements differed from run to run)
     model = worker.randomize_head(worker._keras_vit_model(arch, train=False, served=True))
     images = data.photos(model_io.image_size(model), count=CHECK_IMAGES, seed=5)
     references = {"keras_vit": _batched(lambda batch: model(batch, training=False), images)}
@@ -84,10 +89,13 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
             if kind not in written:
                 written[kind] = str(onnx_file.export_onnx(model, os.path.join(out, kind)) / onnx_file.ONNX_FILE)
             paths[form] = written[kind]
-            if precision == "int8":  # what `keras-vit-export --format onnx --precision int8` writes
-                paths[form] = os.path.join(out, kind, "model_int8.onnx")
+            if precision in onnx_file.INT8_METHODS:  # what `keras-vit-export --format onnx --precision ...` writes
+                paths[form] = os.path.join(out, kind, f"model_{precision}.onnx")
                 shutil.copyfile(written[kind], paths[form])
-                onnx_file.quantize_in_place(paths[form])
+                if precision == "int8":
+                    onnx_file.quantize_in_place(paths[form])
+                else:
+                    onnx_file.quantize_static_in_place(paths[form], runtime_files.calibration_images(model, None)[0])
         elif kind == "openvino":
             if kind not in written:
                 written[kind] = str(openvino_file.export_openvino(model, os.path.join(out, kind))
@@ -100,7 +108,8 @@ def write_files(arch: str, out: str, forms: list[str]) -> tuple[dict[str, str], 
                 for name in (openvino_file.XML_FILE, "model.bin"):
                     shutil.copyfile(os.path.join(os.path.dirname(written[kind]), name), os.path.join(folder, name))
                 paths[form] = os.path.join(folder, openvino_file.XML_FILE)
-                openvino_file.quantize_in_place(openvino.Core(), paths[form], model)
+                openvino_file.quantize_in_place(openvino.Core(), paths[form],
+                                                runtime_files.calibration_images(model, None)[0])
         else:
             paths[form] = str(tflite_conversion.convert(model, os.path.join(out, f"{form}.tflite"),
                                                         "float32" if precision == "fp32" else precision))

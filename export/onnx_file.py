@@ -11,9 +11,12 @@ Images are not decoded or resized in the graph (ONNX has no image decoder): give
 
 `precision="int8"` writes that file after ONNX Runtime's post-training dynamic quantization (`quantize_dynamic`:
 int8 weights, activations quantized per batch at run time; the form ONNX Runtime recommends for transformers,
-with no calibration images), checked first as float32 against Keras, then on real photographs against the Keras
-model's top-1 (`export.precision.agreement`, in batches of 16), refused past `max_top1_drop` points. Each batch's
-activations share one int8 scale, so an image's outputs depend slightly on the other images of its batch.
+with no calibration images). Each batch's activations share one int8 scale, so an image's outputs depend slightly
+on the other images of its batch. `precision="int8_static"` writes ONNX Runtime's static quantization instead
+(`quantize_static`, QDQ, of the matmuls and convolutions: int8 weights per output channel, uint8 activations with
+scales calibrated on images, yours (`calibration_images`) or photo crops; an image's outputs are its own). Either
+is checked first as float32 against Keras, then on real photographs against the Keras model's top-1
+(`export.precision.agreement`, in batches of 16), refused past `max_top1_drop` points.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import warnings
 from pathlib import Path
 
 import keras
+import numpy as np
 
 from keras_vit.atomic import atomic_write
 from keras_vit.kernels import scope
@@ -32,8 +36,16 @@ from . import model_io, precision as precisions, runtime_files
 from .runtime_files import INPUT_NAME, MAX_RELATIVE_DIFF, check_images
 
 ONNX_FILE = "model.onnx"
-PRECISIONS = ("float32", "int8")
-INT8_METHOD = "onnxruntime.quantization.quantize_dynamic (int8 weights, activations quantized at run time)"
+PRECISIONS = ("float32", "int8", "int8_static")
+INT8_METHODS = {
+    "int8": "onnxruntime.quantization.quantize_dynamic (int8 weights, activations quantized at run time)",
+    "int8_static": "onnxruntime.quantization.quantize_static (QDQ; the matmuls and convolutions: int8 weights per "
+                   "channel, uint8 activations calibrated with MinMax)",
+}
+# The ops int8_static quantizes (their inputs and outputs); softmax, GELU and LayerNorm compute in float32. Quantizing
+# every op gave a ViT-B/16's 1000 probabilities (about 1e-3 each) one uint8 step: top-1 agreement 0% (run BB).
+STATIC_INT8_OPS = ("MatMul", "Conv", "Gemm")
+INT8_METHOD = INT8_METHODS["int8"]
 REPORT_FILE = "keras_vit_onnx.json"
 DISTRIBUTIONS = ("onnx", "onnxruntime", "tf2onnx")  # keras_vit[onnx]
 
@@ -50,7 +62,8 @@ def missing_modules() -> list[str]:
 def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int | None = None,
                 overwrite: bool = False, opset_version: int | None = None,
                 max_relative_diff: float = MAX_RELATIVE_DIFF, precision: str = "float32",
-                max_top1_drop: float = precisions.DEFAULT_MAX_TOP1_DROP) -> Path:
+                max_top1_drop: float = precisions.DEFAULT_MAX_TOP1_DROP,
+                calibration_images: np.ndarray | None = None) -> Path:
     """Writes `base_dir/<version>/model.onnx` and its report, checked against `model` with ONNX Runtime, whole or not
     at all; returns the version folder.
 
@@ -63,18 +76,22 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
         opset_version: the ONNX opset. Defaults to tf2onnx's.
         max_relative_diff: the most |ONNX Runtime - Keras| / max(1, max |Keras|) allowed on the check images
             (`check_images`), of the float32 file. Defaults to `MAX_RELATIVE_DIFF` (1e-4).
-        precision: `"float32"` (default) or `"int8"` (ONNX Runtime's dynamic quantization of the checked float32
-            file).
-        max_top1_drop: for int8, the most points of top-1 agreement with the Keras model it may lose on
-            `precision.CHECK_PHOTOS` crops of real photographs. Defaults to 1.
+        precision: `"float32"` (default), `"int8"` (ONNX Runtime's dynamic quantization of the checked float32
+            file) or `"int8_static"` (its static quantization, calibrated).
+        max_top1_drop: for int8 and int8_static, the most points of top-1 agreement with the Keras model it may
+            lose on `precision.CHECK_PHOTOS` crops of real photographs. Defaults to 1.
+        calibration_images: for int8_static, float32 [0, 255] RGB pixels (N, H, W, 3) at the model's size, e.g.
+            your held-out images. Defaults to `runtime_files.CALIBRATION_PHOTOS` crops of real photographs.
 
     Raises:
         ImportError: keras_vit[onnx] is not installed (naming what to install).
+        ValueError: an unknown precision, or calibration images of another shape.
         OnnxMismatchError: ONNX Runtime's outputs are over `max_relative_diff` from Keras' (nothing is written).
         export.precision.Top1DropError: the int8 file loses more than `max_top1_drop` points (nothing is written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
     runtime_files.check_precision(precision, PRECISIONS, "ONNX", max_top1_drop)
+    calibration = runtime_files.calibration_images(model, calibration_images) if precision == "int8_static" else None
     version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite, "ONNX", "onnx",
                                                              DISTRIBUTIONS)
     import onnxruntime
@@ -95,12 +112,16 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
         measured = runtime_files.compare(run, pixel_model, images, "ONNX", OnnxMismatchError)
         runtime_files.require_within(measured, max_relative_diff, "ONNX Runtime", version, OnnxMismatchError)
         quantization = {}
-        if precision == "int8":
-            quantize_in_place(path)
+        if precision in INT8_METHODS:
+            if calibration is None:
+                quantize_in_place(path)
+            else:
+                quantize_static_in_place(path, calibration[0])
+                quantization["calibration_images"] = calibration[1]
             session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-            quantization = {"quantization": INT8_METHOD, "float32_check": measured,
-                            "int8_check": runtime_files.int8_check(run, model, pixel_model, max_top1_drop,
-                                                                   "The int8 ONNX file")}
+            quantization.update({"quantization": INT8_METHODS[precision], "float32_check": measured,
+                                 "int8_check": runtime_files.int8_check(run, model, pixel_model, max_top1_drop,
+                                                                        f"The {precision} ONNX file")})
             measured = runtime_files.compare(run, pixel_model, images, "ONNX", OnnxMismatchError)
         report = {"file": ONNX_FILE, "precision": precision, "input": INPUT_NAME, "input_shape": list(spec.shape),
                   "image_size": list(model_io.image_size(model)), "any_size_stride": model_io.patch_stride(model),
@@ -119,6 +140,25 @@ def quantize_in_place(path: str) -> None:
 
     quantized = path + ".int8"
     quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
+    os.replace(quantized, path)
+
+
+def quantize_static_in_place(path: str, images: np.ndarray) -> None:
+    """Replaces the ONNX file at `path` with ONNX Runtime's static int8 quantization of it (QDQ), its activations'
+    scales calibrated on `images` in batches of 16."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter([{INPUT_NAME: images[start:start + 16]} for start in range(0, len(images), 16)])
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    quantized = path + ".int8"
+    quantize_static(path, quantized, Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    op_types_to_quantize=list(STATIC_INT8_OPS))
     os.replace(quantized, path)
 
 

@@ -10,9 +10,10 @@ OpenVINO's `convert_model`. OpenVINO's CPU plugin computes in bfloat16 by defaul
 float32's; compile with `{"INFERENCE_PRECISION_HINT": "f32"}` for float32's numbers.
 
 `precision="int8"` writes that file after NNCF's post-training quantization (`nncf.quantize`, OpenVINO's own tool:
-int8 matmuls and convolutions with scales calibrated on `CALIBRATION_PHOTOS` photo crops, transformer-aware:
-`model_type=TRANSFORMER`), checked first as float32 against Keras, then on other crops of real photographs against
-the Keras model's top-1 (`runtime_files.int8_check`), refused past `max_top1_drop` points.
+int8 matmuls and convolutions with scales calibrated on images, yours (`calibration_images`) or
+`runtime_files.CALIBRATION_PHOTOS` photo crops, transformer-aware: `model_type=TRANSFORMER`), checked first as
+float32 against Keras, then on other crops of real photographs against the Keras model's top-1
+(`runtime_files.int8_check`), refused past `max_top1_drop` points.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 from pathlib import Path
 
 import keras
+import numpy as np
 
 from keras_vit.atomic import atomic_write
 
@@ -34,8 +36,7 @@ DISTRIBUTIONS = ("openvino",)  # keras_vit[openvino]
 INT8_DISTRIBUTIONS = ("nncf",)  # keras_vit[openvino] too, needed for int8 only
 FLOAT32 = {"INFERENCE_PRECISION_HINT": "f32"}
 PRECISIONS = ("float32", "int8")
-CALIBRATION_PHOTOS = 128  # photo crops NNCF calibrates int8 on (others than the check's)
-INT8_METHOD = "nncf.quantize (post-training, model_type=TRANSFORMER, calibrated on photo crops)"
+INT8_METHOD = "nncf.quantize (post-training, model_type=TRANSFORMER, calibrated)"
 
 
 class OpenVinoMismatchError(runtime_files.MismatchError):
@@ -44,7 +45,8 @@ class OpenVinoMismatchError(runtime_files.MismatchError):
 
 def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version: int | None = None,
                     overwrite: bool = False, max_relative_diff: float = MAX_RELATIVE_DIFF, precision: str = "float32",
-                    max_top1_drop: float = precisions.DEFAULT_MAX_TOP1_DROP) -> Path:
+                    max_top1_drop: float = precisions.DEFAULT_MAX_TOP1_DROP,
+                    calibration_images: np.ndarray | None = None) -> Path:
     """Writes `base_dir/<version>/model.xml`, `model.bin` and the report, checked against `model` with OpenVINO's CPU
     plugin in float32, whole or not at all; returns the version folder.
 
@@ -61,15 +63,19 @@ def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version:
             file).
         max_top1_drop: for int8, the most points of top-1 agreement with the Keras model it may lose on
             `precision.CHECK_PHOTOS` crops of real photographs. Defaults to 1.
+        calibration_images: for int8, float32 [0, 255] RGB pixels (N, H, W, 3) at the model's size, e.g. your
+            held-out images. Defaults to `runtime_files.CALIBRATION_PHOTOS` crops of real photographs.
 
     Raises:
         ImportError: keras_vit[openvino] is not installed (naming what to install).
+        ValueError: an unknown precision, or calibration images of another shape.
         OpenVinoMismatchError: OpenVINO's float32 outputs are over `max_relative_diff` from Keras' (nothing is
             written).
         export.precision.Top1DropError: the int8 file loses more than `max_top1_drop` points (nothing is written).
         FileExistsError: `<version>/` exists and `overwrite` is False.
     """
     runtime_files.check_precision(precision, PRECISIONS, "OpenVINO", max_top1_drop)
+    calibration = runtime_files.calibration_images(model, calibration_images) if precision == "int8" else None
     modules = DISTRIBUTIONS + (INT8_DISTRIBUTIONS if precision == "int8" else ())
     version, target, pixel_model, spec = runtime_files.begin(model, base_dir, version, overwrite,
                                                              f"{'int8 ' if precision == 'int8' else ''}OpenVINO",
@@ -87,9 +93,9 @@ def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version:
         runtime_files.require_within(measured, max_relative_diff, "OpenVINO", version, OpenVinoMismatchError)
         quantization = {}
         if precision == "int8":
-            quantize_in_place(core, path, model)
+            quantize_in_place(core, path, calibration[0])
             runs["f32"] = _runner(core.compile_model(path, "CPU", FLOAT32))
-            quantization = {"quantization": INT8_METHOD, "calibration_images": CALIBRATION_PHOTOS,
+            quantization = {"quantization": INT8_METHOD, "calibration_images": calibration[1],
                             "float32_check": measured,
                             "int8_check": runtime_files.int8_check(runs["f32"], model, pixel_model, max_top1_drop,
                                                                    "The int8 OpenVINO file")}
@@ -110,17 +116,14 @@ def export_openvino(model: keras.Model, base_dir: str | os.PathLike, *, version:
     return target
 
 
-def quantize_in_place(core, path: str, model: keras.Model) -> None:
+def quantize_in_place(core, path: str, images: np.ndarray) -> None:
     """Replaces the OpenVINO file at `path` (and its weights) with NNCF's int8 quantization of it, calibrated on
-    `CALIBRATION_PHOTOS` photo crops at `model`'s size (seed 1: others than the check's)."""
+    `images` (float32 [0, 255] pixels at the model's size), one at a time."""
     import nncf
     import openvino
 
-    from . import data
-
-    photos = data.photos(model_io.image_size(model), count=CALIBRATION_PHOTOS, seed=1)
-    quantized = nncf.quantize(core.read_model(path), nncf.Dataset([photo[None] for photo in photos]),
-                              model_type=nncf.ModelType.TRANSFORMER, subset_size=len(photos))
+    quantized = nncf.quantize(core.read_model(path), nncf.Dataset([image[None] for image in images]),
+                              model_type=nncf.ModelType.TRANSFORMER, subset_size=len(images))
     stem = path[:-len(".xml")]
     openvino.save_model(quantized, stem + "_int8.xml")
     for suffix in (".xml", ".bin"):  # the float32 file's weights may still be mapped: replaced, not rewritten

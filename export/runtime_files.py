@@ -24,6 +24,8 @@ INPUT_NAME = "image"
 # The most |runtime - Keras| allowed, relative to max(1, max |Keras|), on the check images: float32 round-off of
 # another engine's kernels, not a wrong op.
 MAX_RELATIVE_DIFF = 1e-4
+# Photo crops an int8 file is calibrated on where no images are given (seed 1: others than the check's).
+CALIBRATION_PHOTOS = 128
 
 
 class MismatchError(ValueError):
@@ -120,6 +122,21 @@ def int8_check(run: Callable[[np.ndarray], np.ndarray], model: keras.Model, pixe
     if check["refused"]:
         raise precision.Top1DropError(precision.refusal(check, what))
     return check
+
+
+def calibration_images(model: keras.Model, images: np.ndarray | None) -> tuple[np.ndarray, str]:
+    """The images an int8 file is calibrated on, and what they are: `images` (the user's: float32 [0, 255] RGB
+    pixels, (N, H, W, 3) at the model's size) or, where None, `CALIBRATION_PHOTOS` crops of real photographs."""
+    size = tuple(model_io.image_size(model))
+    if images is None:
+        from . import data
+
+        return data.photos(size, count=CALIBRATION_PHOTOS, seed=1), f"{CALIBRATION_PHOTOS} photo crops"
+    images = np.asarray(images, dtype=np.float32)
+    if images.ndim != 4 or tuple(images.shape[1:]) != (*size, 3) or not len(images):
+        raise ValueError(f"Expected calibration images of shape (N, {size[0]}, {size[1]}, 3), N >= 1, pixels in "
+                         f"[0, 255] at the model's size. Received shape {images.shape}.")
+    return images, f"{len(images)} given images"
 
 
 def median_latency_ms(run: Callable[[np.ndarray], Any], image: np.ndarray, runs: int = 10) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import io
 import json
 import math
 import os
@@ -87,37 +88,87 @@ def non_builtin_ops(path: str | os.PathLike) -> list[str]:
     return sorted({op.name for op in _ops(path) if not op.builtin})
 
 
+# The built-in ops LiteRT's GPU delegate takes, each under conditions on its attributes
+# (`CheckGpuDelegateCompatibility` in tensorflow/lite/tools/versioning/gpu_compatibility.cc, the list
+# TensorFlow's GPU analyzer checks). Any other op (BROADCAST_TO, GATHER_ND, a Flex or custom op) runs on the CPU,
+# splitting the graph, or makes the delegate refuse the model.
+GPU_DELEGATE_OPS = frozenset({
+    "ABS", "ADD", "ADD_N", "AVERAGE_POOL_2D", "BATCH_MATMUL", "CAST", "CONCATENATION", "CONV_2D", "COS", "CUMSUM",
+    "DENSIFY", "DEPTHWISE_CONV_2D", "DEPTH_TO_SPACE", "DEQUANTIZE", "DIV", "ELU", "EQUAL", "EXP", "FLOOR",
+    "FLOOR_DIV", "FLOOR_MOD", "FULLY_CONNECTED", "GATHER", "GELU", "GREATER", "GREATER_EQUAL", "HARD_SWISH",
+    "LEAKY_RELU", "LESS", "LESS_EQUAL", "LOG", "LOGICAL_AND", "LOGISTIC", "LSTM", "MAXIMUM", "MAX_POOL_2D", "MEAN",
+    "MINIMUM", "MIRROR_PAD", "MUL", "NEG", "NOT_EQUAL", "ONE_HOT", "PACK", "PAD", "PADV2", "POW", "PRELU",
+    "QUANTIZE", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD", "RELU", "RELU6", "RELU_N1_TO_1", "RESHAPE",
+    "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", "RSQRT", "SELECT", "SELECT_V2", "SIGN", "SIN", "SLICE", "SOFTMAX",
+    "SPACE_TO_DEPTH", "SPLIT", "SPLIT_V", "SQRT", "SQUARE", "SQUARED_DIFFERENCE", "STRIDED_SLICE", "SUB", "SUM",
+    "TANH", "TILE", "TRANSPOSE", "TRANSPOSE_CONV",
+})
 # What LiteRT's GPU delegate rejects or computes wrongly, found in a file's flatbuffer. TensorFlow's own
-# `tf.lite.experimental.Analyzer(gpu_compatibility=True)` passes files that have them.
+# `tf.lite.experimental.Analyzer(gpu_compatibility=True)` (TF 2.21; LiteRT 2.3's alike) passed files with transposed
+# BATCH_MATMULs, rank-5 tensors, GATHER_ND, ARG_MAX and TOPK_V2: its verdict is reported, this check decides.
 GPU_DELEGATE_PITFALLS = {
     "transposed_batch_matmul": "BATCH_MATMUL with adj_x or adj_y set: the GPU delegate ignores the flags and "
                                "computes wrong numbers (LiteRT issue 8913)",
     "broadcast_to": "BROADCAST_TO: one such op makes the GPU delegate refuse the whole model (LiteRT issue 9191)",
     "gather_nd": "GATHER_ND: not supported by the GPU delegate (litert-torch issue 925)",
     "rank_over_4": "tensors of rank 5 or more: refused by the GPU delegate (LiteRT issue 2540)",
+    "dynamic_shape": "tensors whose size is known only at run time beyond the batch (shape_signature -1): the GPU "
+                     "delegate needs every shape fixed when it is applied",
+    "not_gpu_ops": "ops not on the GPU delegate's list (GPU_DELEGATE_OPS), which run on the CPU",
 }
+_NAMED_OFF_LIST = {"BROADCAST_TO": "broadcast_to", "GATHER_ND": "gather_nd"}
 
 
 def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
     """{pitfall: count} of the `GPU_DELEGATE_PITFALLS` in a `.tflite` file's main subgraph (none: {}): a static
-    check, not a run on a GPU."""
+    check, not a run on a GPU. Every op is checked against `GPU_DELEGATE_OPS`; the ops off that list that have
+    a pitfall of their own (BROADCAST_TO, GATHER_ND) are counted under it, the others under `not_gpu_ops`."""
     model = schema.Model.GetRootAs(Path(path).read_bytes(), 0)
     graph = model.Subgraphs(0)
     found = collections.Counter()
-    wide = set()
+    wide, dynamic = set(), set()
     for i in range(graph.OperatorsLength()):
         op = graph.Operators(i)
-        name = _BUILTIN_NAMES.get(builtin_code(model.OperatorCodes(op.OpcodeIndex())), "")
+        code = model.OperatorCodes(op.OpcodeIndex())
+        name = "CUSTOM" if builtin_code(code) == schema.BuiltinOperator.CUSTOM else _BUILTIN_NAMES.get(
+            builtin_code(code), "")
         if name == "BATCH_MATMUL":
             options, table = schema.BatchMatMulOptions(), op.BuiltinOptions()
             options.Init(table.Bytes, table.Pos)
             found["transposed_batch_matmul"] += bool(options.AdjX() or options.AdjY())
-        found["broadcast_to"] += name == "BROADCAST_TO"
-        found["gather_nd"] += name == "GATHER_ND"
-        wide.update(t for t in (*op.InputsAsNumpy(), *op.OutputsAsNumpy())
-                    if t >= 0 and graph.Tensors(t).ShapeLength() > 4)
-    found["rank_over_4"] = len(wide)
+        if name not in GPU_DELEGATE_OPS:
+            found[_NAMED_OFF_LIST.get(name, "not_gpu_ops")] += 1
+        for t in (*op.InputsAsNumpy(), *op.OutputsAsNumpy()):
+            if t < 0:
+                continue
+            tensor = graph.Tensors(t)
+            if tensor.ShapeLength() > 4:
+                wide.add(t)
+            if tensor.ShapeSignatureLength() > 1 and (tensor.ShapeSignatureAsNumpy()[1:] < 0).any():
+                dynamic.add(t)
+    found["rank_over_4"], found["dynamic_shape"] = len(wide), len(dynamic)
     return {pitfall: count for pitfall, count in found.items() if count}
+
+
+def gpu_delegate_off_list_ops(path: str | os.PathLike) -> list[str]:
+    """The ops of a `.tflite` file that are not on `GPU_DELEGATE_OPS` (Flex and custom ops by their code)."""
+    return sorted({op.name for op in _ops(path) if not op.builtin or op.name not in GPU_DELEGATE_OPS})
+
+
+def gpu_analyzer_verdict(path: str | os.PathLike) -> str | None:
+    """TensorFlow's own GPU compatibility check of a file (`tf.lite.experimental.Analyzer` with
+    `gpu_compatibility=True`, which checks each op's attributes too): "compatible", its warnings in one line, or
+    None where this TensorFlow has no such analyzer or it fails (an experimental API: the export goes on)."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            tf.lite.experimental.Analyzer.analyze(model_path=str(path), gpu_compatibility=True)
+    except Exception:  # gone, renamed or failing: the verdict is unknown
+        return None
+    warnings_found = [line.strip() for line in printed.getvalue().splitlines() if "GPU COMPATIBILITY WARNING" in line]
+    if warnings_found:
+        return "; ".join(warnings_found)
+    return "compatible" if "looks compatible with GPU delegate" in printed.getvalue() else None
 
 
 def float_ops(path: str | os.PathLike) -> list[str]:
@@ -246,12 +297,20 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
         "reference_classes_predicted": int(len(np.unique(reference.argmax(-1)))) if has_top1 else None,
         "non_builtin_ops": non_builtin_ops(path),
         "float_ops": float_ops(path),
-        "gpu_delegate_pitfalls": gpu_delegate_pitfalls(path) if mode in GPU_DELEGATE_MODES else None,
+        **(_gpu_check(path) if mode in GPU_DELEGATE_MODES else
+           {"gpu_delegate_pitfalls": None, "gpu_delegate_off_list_ops": None, "gpu_analyzer": None}),
     }
     result["refused"] = mode in INT8_MODES and check["refused"]
     result["sensitive_layers"] = None  # ranked by `export_tflite` for a refused mode only: the debugger is slow
     result["passed"] = _passed(result)
     return result
+
+
+def _gpu_check(path: str | os.PathLike) -> dict[str, Any]:
+    """A float file's GPU-delegate check: `gpu_delegate_pitfalls`, the ops off `GPU_DELEGATE_OPS`, and TensorFlow's
+    analyzer's verdict (`gpu_analyzer_verdict`)."""
+    return {"gpu_delegate_pitfalls": gpu_delegate_pitfalls(path),
+            "gpu_delegate_off_list_ops": gpu_delegate_off_list_ops(path), "gpu_analyzer": gpu_analyzer_verdict(path)}
 
 
 def _passed(result: dict[str, Any]) -> bool:
@@ -460,12 +519,25 @@ def markdown_report(report: dict[str, Any]) -> str:
                          "in int8.")
         if r["refused"]:
             lines.append(f"Refused {_refusal(r, report['thresholds']['max_top1_drop'])}.")
-        if r.get("gpu_delegate_pitfalls"):
-            found = "; ".join(f"{GPU_DELEGATE_PITFALLS[name]}: {count}"
-                              for name, count in r["gpu_delegate_pitfalls"].items())
-            lines.append(f"Not for LiteRT's GPU delegate as it is: {r['mode']} has {found} (a check of the file, not "
-                         "a run on a GPU).")
+        if r.get("gpu_delegate_pitfalls") is not None:
+            lines.append(_gpu_text(r))
     return "\n".join(lines) + "\n"
+
+
+def _gpu_text(result: dict[str, Any]) -> str:
+    """The GPU-delegate check of a float file in one line (a check of the file, not a run on a GPU)."""
+    analyzer = result.get("gpu_analyzer")
+    said = ("TensorFlow's GPU analyzer was not available" if analyzer is None else
+            f"TensorFlow's GPU analyzer: {analyzer}")
+    pitfalls = result["gpu_delegate_pitfalls"]
+    if not pitfalls:
+        return (f"{result['mode']} for LiteRT's GPU delegate: every op on its list, no known pitfall; {said} (a check "
+                "of the file, not a run on a GPU).")
+    found = "; ".join(f"{GPU_DELEGATE_PITFALLS[name]}: {count}" for name, count in pitfalls.items())
+    off_list = result.get("gpu_delegate_off_list_ops")
+    named = f" (off its list: {', '.join(off_list)})" if off_list else ""
+    return (f"Not for LiteRT's GPU delegate as it is: {result['mode']} has {found}{named}; {said} (a check of the "
+            "file, not a run on a GPU).")
 
 
 def _coverage_text(result: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@
     keras-vit-export --model vit.keras --out /models/vit [--version N] [--overwrite]
     keras-vit-export --model vit.keras --format onnx --out /models/vit  # OUT/<version>/model.onnx, checked
     keras-vit-export --model vit.keras --format onnx --precision int8 --out /models/vit  # ONNX Runtime's int8
+    keras-vit-export --model vit.keras --format onnx --precision int8_static --calibration-images photos/ --out m
     keras-vit-export --model vit.keras --format openvino --out /models/vit  # OUT/<version>/model.xml, checked
     keras-vit-export --model vit.keras --format openvino --precision int8 --out /models/vit  # NNCF's int8
     keras-vit-export --variant B/16 --weights vit.weights.h5 --out /models/vit
@@ -35,8 +36,9 @@ FORMATS = ("saved_model", "onnx", "openvino")
 FILE_FORMATS = {"onnx": "ONNX", "openvino": "OpenVINO"}  # pixels in, the model's own outputs out
 # The precisions of each format (keras_vit.export.precision.PRECISIONS, onnx_file.PRECISIONS,
 # openvino_file.PRECISIONS).
-FORMAT_PRECISIONS = {"saved_model": ("float32", "bfloat16", "auto"), "onnx": ("float32", "int8"),
+FORMAT_PRECISIONS = {"saved_model": ("float32", "bfloat16", "auto"), "onnx": ("float32", "int8", "int8_static"),
                      "openvino": ("float32", "int8")}
+CALIBRATED = {"onnx": "int8_static", "openvino": "int8"}  # the precisions --calibration-images calibrates
 PRECISIONS = tuple(dict.fromkeys(name for names in FORMAT_PRECISIONS.values() for name in names))
 DEFAULT_MAX_TOP1_DROP = 1.0  # keras_vit.export.precision.DEFAULT_MAX_TOP1_DROP
 # The flags of the SavedModel's serving signatures, which an ONNX file (pixels in, the model's outputs out) has not.
@@ -98,9 +100,14 @@ def _parser() -> argparse.ArgumentParser:
                              "layers, float32 in and out; about 2x faster on CPUs with AVX512-BF16 or AMX, slower "
                              "on others), checked against float32 on real photographs first, or auto: bfloat16 "
                              "where this machine's CPU has AVX512-BF16 or AMX, else float32; for --format onnx "
-                             "int8: ONNX Runtime's dynamic quantization of the checked float32 file, for --format "
-                             "openvino int8: NNCF's post-training quantization, calibrated on photo crops; each "
-                             "checked on real photographs")
+                             "int8: ONNX Runtime's dynamic quantization of the checked float32 file, or "
+                             "int8_static: its static quantization, calibrated; for --format openvino int8: NNCF's "
+                             "post-training quantization, calibrated; each checked on real photographs")
+    parser.add_argument("--calibration-images", metavar="DIR",
+                        help="for --format onnx --precision int8_static and --format openvino --precision int8: "
+                             "a folder of images (jpg, png, bmp, gif; e.g. held-out images of your domain) to "
+                             "calibrate the int8 file on, fitted to the model's size as its serving does (default: "
+                             "128 crops of two embedded photographs)")
     parser.add_argument("--max-top1-drop", type=float, default=DEFAULT_MAX_TOP1_DROP, metavar="POINTS",
                         help="for bfloat16 and int8: the most points of top-1 agreement with the float32 model it "
                              "may lose on the check photographs, else nothing is written (default: %(default)s)")
@@ -109,6 +116,11 @@ def _parser() -> argparse.ArgumentParser:
                              "resized inside the graph to the largest grid of at most this many patches (default: "
                              "its processor's max_num_patches, else 256)")
     return parser
+
+
+def _one_of(names: Sequence[str]) -> str:
+    """"a or b", "a, b or c"."""
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else list(names))
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -133,7 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.precision not in FORMAT_PRECISIONS[args.format]:
         takes = [f"--format {name}" for name, precisions in FORMAT_PRECISIONS.items() if args.precision in precisions]
         parser.error(f"--precision {args.precision} applies to {' and '.join(takes)}; --format {args.format} writes "
-                     f"{' or '.join(FORMAT_PRECISIONS[args.format])}.")
+                     f"{_one_of(FORMAT_PRECISIONS[args.format])}.")
+    if args.calibration_images and CALIBRATED.get(args.format) != args.precision:
+        takes = " and ".join(f"--format {name} --precision {precision}" for name, precision in CALIBRATED.items())
+        parser.error(f"--calibration-images calibrates {takes}; --format {args.format} --precision "
+                     f"{args.precision} is not calibrated (drop the flag).")
     signatures = _names(args.signatures)
     unknown = [name for name in signatures if name not in SIGNATURES]
     if unknown:
@@ -229,13 +245,15 @@ def _write_onnx(model, args: argparse.Namespace) -> int:
     from keras_vit.export import onnx_file
 
     path = onnx_file.export_onnx(model, args.out, version=args.version, overwrite=args.overwrite,
-                                 precision=args.precision, max_top1_drop=args.max_top1_drop)
+                                 precision=args.precision, max_top1_drop=args.max_top1_drop,
+                                 calibration_images=_calibration_images(model, args))
     report = onnx_file.read_report(path)
     check = report.get("float32_check", report)  # an int8 file was checked as float32 before it was quantized
     line = (f"Wrote ONNX file {path / onnx_file.ONNX_FILE}: input {report['input']} {report['input_shape']}; ONNX "
             f"Runtime {report['onnxruntime']} agrees with Keras to {check['max_relative_diff']:.1e} (relative; "
             f"allowed {report['max_relative_diff_allowed']:g}) on {len(check['checked_shapes'])} batches")
-    line += _int8_line(report, "ONNX Runtime's dynamic quantization")
+    line += _int8_line(report, "ONNX Runtime's static quantization" if args.precision == "int8_static" else
+                       "ONNX Runtime's dynamic quantization")
     print(f"{line}; {report['latency_ms_median_batch_1']:.1f} ms per image at batch 1 here.")
     return 0
 
@@ -245,7 +263,8 @@ def _write_openvino(model, args: argparse.Namespace) -> int:
     from keras_vit.export import openvino_file
 
     path = openvino_file.export_openvino(model, args.out, version=args.version, overwrite=args.overwrite,
-                                         precision=args.precision, max_top1_drop=args.max_top1_drop)
+                                         precision=args.precision, max_top1_drop=args.max_top1_drop,
+                                         calibration_images=_calibration_images(model, args))
     report = openvino_file.read_report(path)
     check = report.get("float32_check", report)  # an int8 file was checked as float32 before it was quantized
     print(f"Wrote OpenVINO file {path / openvino_file.XML_FILE}: input {report['input']} {report['input_shape']}; "
@@ -257,14 +276,25 @@ def _write_openvino(model, args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration_images(model, args: argparse.Namespace):
+    """The --calibration-images folder's images, fitted to the model's size as its serving does; None without it."""
+    if not args.calibration_images:
+        return None
+    from keras_vit.export import data, model_io
+
+    return data.directory(args.calibration_images, model_io.image_size(model),
+                          model_io.preprocessing_config(model).resize_arguments)
+
+
 def _int8_line(report: dict, method: str) -> str:
     """How an int8 file agrees with Keras on the check photographs (empty for a float32 file)."""
     if "int8_check" not in report:
         return ""
     int8 = report["int8_check"]
     agreement = f"top-1 agreement {100 * int8['top1_agreement']:.1f}%, " if "top1_agreement" in int8 else ""
-    return (f" in float32; int8 ({method}) against Keras on {int8['images']} photographs: {agreement}least cosine "
-            f"{int8['min_cosine']:.4f}")
+    calibrated = f", calibrated on {report['calibration_images']}" if "calibration_images" in report else ""
+    return (f" in float32; int8 ({method}{calibrated}) against Keras on {int8['images']} photographs: "
+            f"{agreement}least cosine {int8['min_cosine']:.4f}")
 
 
 if __name__ == "__main__":

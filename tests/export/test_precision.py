@@ -126,13 +126,13 @@ def test_cli_refuses_precision_where_it_does_not_apply(tmp_path, capsys):
         export_cli.main(["--variant", "Ti/16", "--out", str(tmp_path), "--format", "onnx", "--precision",
                          "bfloat16"])
     assert stop.value.code == 2
-    assert ("--precision bfloat16 applies to --format saved_model; --format onnx writes float32 or int8."
+    assert ("--precision bfloat16 applies to --format saved_model; --format onnx writes float32, int8 or int8_static."
             in capsys.readouterr().err)
     with pytest.raises(SystemExit) as stop:
         export_cli.main(["--variant", "Ti/16", "--out", str(tmp_path), "--precision", "int8"])
     assert stop.value.code == 2
-    assert ("--precision int8 applies to --format onnx and --format openvino; --format saved_model writes float32 "
-            "or bfloat16 or auto."
+    assert ("--precision int8 applies to --format onnx and --format openvino; --format saved_model writes float32, "
+            "bfloat16 or auto."
             in capsys.readouterr().err)
     assert not os.listdir(tmp_path)
     from keras_vit.export import onnx_file, openvino_file

@@ -13,7 +13,7 @@ import pytest
 
 import keras_vit
 from keras_vit.cli import export as export_cli
-from keras_vit.export import data, onnx_file, openvino_file, precision, runtime_files
+from keras_vit.export import data, model_io, onnx_file, openvino_file, precision, runtime_files
 from tests.testing import TINY_VIT, needs, save_checkpoint, tiny_model, vit_checkpoint
 
 
@@ -137,8 +137,10 @@ def test_int8_file_is_checked_on_photographs(tmp_path, capsys, file_format):
     assert check["images"] == precision.CHECK_PHOTOS and not check["refused"]
     assert check["top1_agreement"] == np.mean(ours.argmax(-1) == expected.argmax(-1)) >= 0.9
     assert 0 < np.abs(ours - expected).max() < 0.1  # quantized: close, not float32-equal
-    assert (f"in float32; int8 ({runtime.int8_method}) against Keras on {precision.CHECK_PHOTOS} photographs: "
-            f"top-1 agreement {100 * check['top1_agreement']:.1f}%") in printed, printed
+    calibrated = ", calibrated on 128 photo crops" if file_format == "openvino" else ""  # ONNX's dynamic: none
+    assert report.get("calibration_images", "128 photo crops") == "128 photo crops"
+    assert (f"in float32; int8 ({runtime.int8_method}{calibrated}) against Keras on {precision.CHECK_PHOTOS} "
+            f"photographs: top-1 agreement {100 * check['top1_agreement']:.1f}%") in printed, printed
 
 
 @pytest.mark.parametrize("file_format", FORMATS)
@@ -182,7 +184,8 @@ def test_an_int8_file_that_loses_top1_is_not_written(tmp_path, monkeypatch, file
                        r"float32 on [0-9.]+ points of 128 photographs, over max_top1_drop=1, so nothing was written"):
         runtime.export(tiny_model("plain"), base, precision="int8")
     assert os.listdir(base) == []
-    with pytest.raises(ValueError, match=rf"Unknown {runtime.name} precision 'int4'. Expected one of float32, int8."):
+    with pytest.raises(ValueError, match=rf"Unknown {runtime.name} precision 'int4'. Expected one of "
+                                         rf"{', '.join(runtime.module_file.PRECISIONS)}\."):
         runtime.export(tiny_model("plain"), base, precision="int4")
 
 
@@ -195,3 +198,78 @@ def test_without_its_runtime_one_line_names_the_extra(tmp_path, monkeypatch, fil
     with pytest.raises(ImportError, match=expected):
         runtime.export(tiny_model("plain"), tmp_path / file_format)
     assert not (tmp_path / file_format).exists()
+
+
+def write_jpegs(folder, images: np.ndarray) -> None:
+    import tensorflow as tf
+
+    folder.mkdir()
+    for i, image in enumerate(images):
+        (folder / f"{i:02d}.jpg").write_bytes(tf.io.encode_jpeg(image.astype("uint8"), quality=95).numpy())
+
+
+CALIBRATED = [pytest.param("onnx", "int8_static"),
+              pytest.param("openvino", "int8", marks=needs("openvino", "OpenVINO's runtime, keras_vit[openvino]"))]
+
+
+@pytest.mark.parametrize("file_format, int8", CALIBRATED)
+def test_int8_file_is_calibrated_on_the_given_images(tmp_path, capsys, monkeypatch, file_format, int8):
+    """--calibration-images DIR: the int8 file's scales are calibrated on those images (fitted to the model's size
+    as `export.data.directory` fits them), said in the report and the printed line, and checked as every int8 file
+    is; ONNX's static file holds QDQ pairs around int8 weights."""
+    runtime = RUNTIMES[file_format]
+    model = tiny_model("plain")
+    model_file = tmp_path / "tiny.keras"
+    model.save(model_file)
+    write_jpegs(tmp_path / "mine", data.photos((48, 40), count=6, seed=4))
+    seen = []
+    calibrate = runtime.module_file.quantize_static_in_place if file_format == "onnx" else \
+        runtime.module_file.quantize_in_place
+    monkeypatch.setattr(runtime.module_file, calibrate.__name__,
+                        lambda *args: seen.append(args[-1]) or calibrate(*args))
+    base = tmp_path / file_format
+    assert export_cli.main(["--model", str(model_file), "--format", file_format, "--precision", int8,
+                            "--calibration-images", str(tmp_path / "mine"), "--out", str(base)]) == 0
+    (images,) = seen
+    fitted = data.directory(tmp_path / "mine", (32, 32), model_io.preprocessing_config(model).resize_arguments)
+    np.testing.assert_array_equal(images, fitted)
+    report = runtime.read_report(base / "1")
+    assert (report["precision"], report["calibration_images"]) == (int8, "6 given images")
+    check = report["int8_check"]
+    assert check["top1_agreement"] >= 0.9 and not check["refused"]
+    assert f"calibrated on 6 given images) against Keras on {precision.CHECK_PHOTOS} photographs" in \
+        capsys.readouterr().out
+    if file_format == "onnx":
+        import onnx
+
+        graph = onnx.load(str(base / "1" / onnx_file.ONNX_FILE)).graph
+        assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op_type for node in graph.node}
+        # Only the weights of onnx_file.STATIC_INT8_OPS are int8 (those of LayerNorm and the biases stay float32).
+        int8_weights = {tensor.name for tensor in graph.initializer if tensor.data_type == onnx.TensorProto.INT8}
+        weights_of = {output: set(node.input) & int8_weights for node in graph.node
+                      if node.op_type == "DequantizeLinear" for output in node.output}
+        takers = {node.op_type for node in graph.node for name in node.input if weights_of.get(name)}
+        assert "MatMul" in takers and takers <= set(onnx_file.STATIC_INT8_OPS), takers
+        assert any(tensor.data_type == onnx.TensorProto.INT8 for tensor in graph.initializer)
+        assert report["quantization"] == onnx_file.INT8_METHODS["int8_static"]
+    photos = data.photos((32, 32), count=precision.CHECK_PHOTOS)
+    ours = np.concatenate([runtime.run(base / "1" / runtime.files[0], photos[start:start + 16])
+                           for start in range(0, len(photos), 16)])
+    assert check["top1_agreement"] == np.mean(ours.argmax(-1) == np.asarray(model(photos)).argmax(-1))
+
+
+def test_calibration_images_of_another_size_or_flag_are_refused(tmp_path, capsys):
+    model = tiny_model("plain")
+    with pytest.raises(ValueError, match=r"^Expected calibration images of shape \(N, 32, 32, 3\), N >= 1, pixels in "
+                                         r"\[0, 255\] at the model's size\. Received shape \(2, 16, 16, 3\)\.$"):
+        onnx_file.export_onnx(model, tmp_path / "onnx", precision="int8_static",
+                              calibration_images=np.zeros((2, 16, 16, 3), "float32"))
+    assert not (tmp_path / "onnx").exists()
+    model_file = tmp_path / "tiny.keras"
+    model.save(model_file)
+    with pytest.raises(SystemExit) as stop:
+        export_cli.main(["--model", str(model_file), "--format", "onnx", "--precision", "int8",
+                         "--calibration-images", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    assert ("--calibration-images calibrates --format onnx --precision int8_static and --format openvino --precision "
+            "int8; --format onnx --precision int8 is not calibrated (drop the flag).") in capsys.readouterr().err

@@ -91,10 +91,53 @@ def test_op_coverage_unknown_without_the_private_listing(how, tmp_path, monkeypa
     assert result["ops_outside_delegate"] is None and result["delegate_partitions"] is None
     assert result["ops_total"] > 50 and result["non_builtin_ops"] == [] and result["passed"]
     assert f"| unknown (of {result['ops_total']}) |" in (tmp_path / "report.md").read_text()
-    assert result["gpu_delegate_pitfalls"] == {} and "GPU delegate" not in (tmp_path / "report.md").read_text()
+    assert (result["gpu_delegate_pitfalls"], result["gpu_delegate_off_list_ops"]) == ({}, [])
+    assert ("float32 for LiteRT's GPU delegate: every op on its list, no known pitfall; TensorFlow's GPU analyzer: "
+            "compatible (a check of the file") in (tmp_path / "report.md").read_text()
     result["gpu_delegate_pitfalls"] = {"rank_over_4": 2}  # as a file of another converter would say
     assert "Not for LiteRT's GPU delegate as it is: float32 has tensors of rank 5 or more: refused by the GPU " \
-        "delegate (LiteRT issue 2540): 2 (a check of the file" in tflite.markdown_report(report)
+        "delegate (LiteRT issue 2540): 2; TensorFlow's GPU analyzer: compatible (a check of the file" in \
+        tflite.markdown_report(report)
+
+
+def test_gpu_check_lists_ops_off_the_delegates_list_and_sizes_known_only_at_run_time(tmp_path):
+    """An op off `GPU_DELEGATE_OPS` (ARG_MAX) is counted and named; a tensor whose height is known only at run time
+    is a pitfall; a plain Dense file has none."""
+    flat = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(2)])
+    plain = tflite.convert(flat, tmp_path / "dense.tflite", "float32", pixel_input=False)
+    assert (tflite.gpu_delegate_pitfalls(plain), tflite.gpu_delegate_off_list_ops(plain)) == ({}, [])
+    assert tflite.gpu_analyzer_verdict(plain) == "compatible"
+    inputs = keras.Input((4, 4, 3))
+    scores = keras.layers.Dense(2)(keras.layers.Flatten()(inputs))
+    argmax = keras.Model(inputs, keras.layers.Lambda(lambda x: tf.argmax(x, axis=-1))(scores))
+    path = tflite.convert(argmax, tmp_path / "argmax.tflite", "float32", pixel_input=False)
+    assert tflite.gpu_delegate_pitfalls(path) == {"not_gpu_ops": 1}
+    assert tflite.gpu_delegate_off_list_ops(path) == ["ARG_MAX"]
+    # TensorFlow 2.21's analyzer said "compatible" of this file (and of GATHER_ND and TOPK_V2 ones): its verdict is
+    # reported beside keras_vit's check, which is what decides.
+    verdict = tflite.gpu_analyzer_verdict(path)
+    assert verdict == "compatible" or verdict.startswith("GPU COMPATIBILITY WARNING"), verdict
+    any_height = keras.Sequential([keras.Input((None, 4, 3)), keras.layers.Dense(2)])
+    path = tflite.convert(any_height, tmp_path / "any_height.tflite", "float32", pixel_input=False)
+    assert tflite.gpu_delegate_pitfalls(path)["dynamic_shape"] >= 2  # its input and output at least
+
+
+@pytest.mark.parametrize("how", ["missing", "raises"])
+def test_gpu_analyzer_verdict_is_unknown_without_tensorflows_analyzer(how, tmp_path, monkeypatch):
+    """`tf.lite.experimental.Analyzer` is experimental: gone or failing, the verdict is None and the report says
+    the analyzer was not available."""
+    flat = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(2)])
+    path = tflite.convert(flat, tmp_path / "dense.tflite", "float32", pixel_input=False)
+    if how == "missing":
+        monkeypatch.delattr(tf.lite.experimental, "Analyzer")
+    else:
+        monkeypatch.setattr(tf.lite.experimental.Analyzer, "analyze", lambda **kwargs: 1 / 0)
+    assert tflite.gpu_analyzer_verdict(path) is None
+    result = {"mode": "float16", **tflite._gpu_check(path)}
+    assert result["gpu_analyzer"] is None and result["gpu_delegate_pitfalls"] == {}
+    assert tflite._gpu_text(result) == (
+        "float16 for LiteRT's GPU delegate: every op on its list, no known pitfall; TensorFlow's GPU analyzer was not "
+        "available (a check of the file, not a run on a GPU).")
 
 
 @pytest.mark.slow  # converts and runs LiteRT files (3 to 12 s)

@@ -270,8 +270,8 @@ def test_serving_benchmark_exports_the_bfloat16_model_checked_against_float32(tm
 def test_runtimes_benchmark_writes_each_form_and_measures_its_agreement(tmp_path, capsys):
     from benchmarks import runtimes
 
-    forms = ["savedmodel_bf16", "onnx_int8", "openvino_default", "openvino_int8", "litert_dynamic_int8",
-             "savedmodel_int8"]
+    forms = ["savedmodel_bf16", "onnx_int8", "onnx_int8_static", "openvino_default", "openvino_int8",
+             "litert_dynamic_int8", "savedmodel_int8"]
     paths, checks = runtimes.write_files("tiny", str(tmp_path), forms)
     for form in forms:
         result = runtimes.run_form(form, paths[form], checks, [1, 3], runs=1, threads=1)
