@@ -115,14 +115,84 @@ GPU_DELEGATE_PITFALLS = {
     "dynamic_shape": "tensors whose size is known only at run time beyond the batch (shape_signature -1): the GPU "
                      "delegate needs every shape fixed when it is applied",
     "not_gpu_ops": "ops not on the GPU delegate's list (GPU_DELEGATE_OPS), which run on the CPU",
+    "gpu_op_attributes": "ops on the GPU delegate's list with attributes it does not take (a STRIDED_SLICE's "
+                         "shrink-axis mask, a SLICE of rank 2, ...), which run on the CPU",
 }
 _NAMED_OFF_LIST = {"BROADCAST_TO": "broadcast_to", "GATHER_ND": "gather_nd"}
 
 
+def _options(op, kind):
+    """An op's builtin options table as `kind` (e.g. `schema.StridedSliceOptions`)."""
+    options, table = kind(), op.BuiltinOptions()
+    options.Init(table.Bytes, table.Pos)
+    return options
+
+
+def _attribute_problem(name: str, op, graph, model) -> str | None:
+    """What of an op on `GPU_DELEGATE_OPS` the delegate does not take, by `CheckGpuDelegateCompatibility`'s rules
+    (tensorflow/lite/tools/versioning/gpu_compatibility.cc) for the ops a ViT's files hold, else None."""
+    tensors = [graph.Tensors(t) if t >= 0 else None for t in op.InputsAsNumpy()]
+    rank = [tensor.ShapeLength() if tensor is not None else 0 for tensor in tensors]
+    constant = [tensor is not None and model.Buffers(tensor.Buffer()).DataLength() + model.Buffers(
+        tensor.Buffer()).Offset() > 0 for tensor in tensors]
+    if name == "BATCH_MATMUL" and (_options(op, schema.BatchMatMulOptions).AdjX() or
+                                   _options(op, schema.BatchMatMulOptions).AdjY()):
+        return "adj_x / adj_y"  # taken by the analyzer, ignored by the delegate (LiteRT issue 8913)
+    if name in ("SLICE", "STRIDED_SLICE") and rank[0] not in (3, 4):
+        return f"input of rank {rank[0]} (3 or 4 only)"
+    if name == "STRIDED_SLICE":
+        options = _options(op, schema.StridedSliceOptions)
+        masks = [mask for mask, value in (("ellipsis", options.EllipsisMask()), ("new_axis", options.NewAxisMask()),
+                                          ("shrink_axis", options.ShrinkAxisMask())) if value]
+        return f"{', '.join(masks)} mask" if masks else None
+    if name == "SOFTMAX" and _options(op, schema.SoftmaxOptions).Beta() != 1:
+        return "beta other than 1"
+    if name == "FULLY_CONNECTED":
+        options = _options(op, schema.FullyConnectedOptions)
+        if options.WeightsFormat() != 0 or constant[0]:
+            return "shuffled weights or a constant input"
+        if options.KeepNumDims() and rank[0] != graph.Tensors(op.Outputs(0)).ShapeLength():
+            return "keep_num_dims with another output rank"
+    if name in ("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD") and not constant[1]:
+        return "axes that are not constant"
+    if name == "GATHER" and (rank[1] != 1 or tensors[1].Type() != schema.TensorType.INT32):
+        return "indices that are not one int32 axis"
+    if name == "MUL" and len(tensors) == 2 and rank[0] == rank[1] > 0:
+        shapes = [tensor.ShapeAsNumpy() for tensor in tensors]
+        if (shapes[0] < shapes[1]).any() and (shapes[1] < shapes[0]).any():
+            return "inputs each smaller than the other in some axis"
+    if name in ("PAD", "PADV2", "MIRROR_PAD") and not (constant[1] and rank[1] == 2 and
+                                                       tensors[1].ShapeAsNumpy()[0] in (3, 4)):
+        return "paddings that are not a constant 3x2 or 4x2 tensor"
+    return None
+
+
+def gpu_delegate_problems(path: str | os.PathLike) -> list[str]:
+    """Every op of a `.tflite` file's main subgraph that LiteRT's GPU delegate would not take, one line each
+    ("ARG_MAX: not on the GPU delegate's list", "STRIDED_SLICE: shrink_axis mask", ...), sorted and without
+    repeats: ops off `GPU_DELEGATE_OPS` (Flex and custom ops by their code), and ops on it with attributes it does
+    not take (`_attribute_problem`). A static check, not a run on a GPU."""
+    model = schema.Model.GetRootAs(Path(path).read_bytes(), 0)
+    graph = model.Subgraphs(0)
+    problems = set()
+    for i in range(graph.OperatorsLength()):
+        op = graph.Operators(i)
+        code = model.OperatorCodes(op.OpcodeIndex())
+        custom = builtin_code(code) == schema.BuiltinOperator.CUSTOM
+        name = code.CustomCode().decode() if custom else _BUILTIN_NAMES.get(builtin_code(code), str(builtin_code(code)))
+        if custom or name not in GPU_DELEGATE_OPS:
+            problems.add(f"{name}: not on the GPU delegate's list")
+        elif (problem := _attribute_problem(name, op, graph, model)) is not None:
+            problems.add(f"{name}: {problem}")
+    return sorted(problems)
+
+
 def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
     """{pitfall: count} of the `GPU_DELEGATE_PITFALLS` in a `.tflite` file's main subgraph (none: {}): a static
-    check, not a run on a GPU. Every op is checked against `GPU_DELEGATE_OPS`; the ops off that list that have
-    a pitfall of their own (BROADCAST_TO, GATHER_ND) are counted under it, the others under `not_gpu_ops`."""
+    check, not a run on a GPU. Every op is checked against `GPU_DELEGATE_OPS` and its attributes
+    (`_attribute_problem`): the ops off that list that have a pitfall of their own (BROADCAST_TO, GATHER_ND) are
+    counted under it, the others under `not_gpu_ops`; ops on it with attributes it does not take under
+    `gpu_op_attributes` (a transposed BATCH_MATMUL under its own name)."""
     model = schema.Model.GetRootAs(Path(path).read_bytes(), 0)
     graph = model.Subgraphs(0)
     found = collections.Counter()
@@ -132,12 +202,10 @@ def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
         code = model.OperatorCodes(op.OpcodeIndex())
         name = "CUSTOM" if builtin_code(code) == schema.BuiltinOperator.CUSTOM else _BUILTIN_NAMES.get(
             builtin_code(code), "")
-        if name == "BATCH_MATMUL":
-            options, table = schema.BatchMatMulOptions(), op.BuiltinOptions()
-            options.Init(table.Bytes, table.Pos)
-            found["transposed_batch_matmul"] += bool(options.AdjX() or options.AdjY())
         if name not in GPU_DELEGATE_OPS:
             found[_NAMED_OFF_LIST.get(name, "not_gpu_ops")] += 1
+        elif (problem := _attribute_problem(name, op, graph, model)) is not None:
+            found["transposed_batch_matmul" if name == "BATCH_MATMUL" else "gpu_op_attributes"] += 1
         for t in (*op.InputsAsNumpy(), *op.OutputsAsNumpy()):
             if t < 0:
                 continue
@@ -148,11 +216,6 @@ def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
                 dynamic.add(t)
     found["rank_over_4"], found["dynamic_shape"] = len(wide), len(dynamic)
     return {pitfall: count for pitfall, count in found.items() if count}
-
-
-def gpu_delegate_off_list_ops(path: str | os.PathLike) -> list[str]:
-    """The ops of a `.tflite` file that are not on `GPU_DELEGATE_OPS` (Flex and custom ops by their code)."""
-    return sorted({op.name for op in _ops(path) if not op.builtin or op.name not in GPU_DELEGATE_OPS})
 
 
 def gpu_analyzer_verdict(path: str | os.PathLike) -> str | None:
@@ -298,7 +361,7 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
         "non_builtin_ops": non_builtin_ops(path),
         "float_ops": float_ops(path),
         **(_gpu_check(path) if mode in GPU_DELEGATE_MODES else
-           {"gpu_delegate_pitfalls": None, "gpu_delegate_off_list_ops": None, "gpu_analyzer": None}),
+           {"gpu_delegate_pitfalls": None, "gpu_delegate_problems": None, "gpu_analyzer": None}),
     }
     result["refused"] = mode in INT8_MODES and check["refused"]
     result["sensitive_layers"] = None  # ranked by `export_tflite` for a refused mode only: the debugger is slow
@@ -307,10 +370,10 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
 
 
 def _gpu_check(path: str | os.PathLike) -> dict[str, Any]:
-    """A float file's GPU-delegate check: `gpu_delegate_pitfalls`, the ops off `GPU_DELEGATE_OPS`, and TensorFlow's
-    analyzer's verdict (`gpu_analyzer_verdict`)."""
+    """A float file's GPU-delegate check: `gpu_delegate_pitfalls`, the ops the delegate would not take
+    (`gpu_delegate_problems`), and TensorFlow's analyzer's verdict (`gpu_analyzer_verdict`)."""
     return {"gpu_delegate_pitfalls": gpu_delegate_pitfalls(path),
-            "gpu_delegate_off_list_ops": gpu_delegate_off_list_ops(path), "gpu_analyzer": gpu_analyzer_verdict(path)}
+            "gpu_delegate_problems": gpu_delegate_problems(path), "gpu_analyzer": gpu_analyzer_verdict(path)}
 
 
 def _passed(result: dict[str, Any]) -> bool:
@@ -534,8 +597,8 @@ def _gpu_text(result: dict[str, Any]) -> str:
         return (f"{result['mode']} for LiteRT's GPU delegate: every op on its list, no known pitfall; {said} (a check "
                 "of the file, not a run on a GPU).")
     found = "; ".join(f"{GPU_DELEGATE_PITFALLS[name]}: {count}" for name, count in pitfalls.items())
-    off_list = result.get("gpu_delegate_off_list_ops")
-    named = f" (off its list: {', '.join(off_list)})" if off_list else ""
+    problems = result.get("gpu_delegate_problems")
+    named = f" ({'; '.join(problems)})" if problems else ""
     return (f"Not for LiteRT's GPU delegate as it is: {result['mode']} has {found}{named}; {said} (a check of the "
             "file, not a run on a GPU).")
 

@@ -87,16 +87,16 @@ def conversion_source(model: keras.Model, pixel_input: bool = True, gpu_delegate
     removed on exit: `model` at batch 1, taking [0, 255] pixels through the model's preprocessing, or with
     `pixel_input=False` the model's own input (any Keras image model). What is written is
     `keras_vit.head_rows_model(model)`: the same outputs, the last encoder block computing only the rows the head
-    reads (for a model that is not a keras_vit classifier on a token, `model` itself). With `gpu_delegate`, traced
-    for LiteRT's GPU delegate (`keras_vit.kernels.scope.for_gpu_delegate`): the float modes' form
-    (`GPU_DELEGATE_MODES`)."""
+    reads (for a model that is not a keras_vit classifier on a token, `model` itself). Traced for LiteRT
+    (`keras_vit.kernels.scope.for_litert`), and with `gpu_delegate` for LiteRT's GPU delegate
+    (`keras_vit.kernels.scope.for_gpu_delegate`): the float modes' form (`GPU_DELEGATE_MODES`)."""
     twin = head_rows_model(model)
     pixel_model = model_io.with_pixel_input(twin, model_io.preprocessing_config(model)) if pixel_input else twin
     height, width = model_io.image_size(model) if pixel_input else model.input_shape[1:3]
     # Keras' ExportArchive to a SavedModel, then TensorFlow's converter: what `Model.export(format="litert")`
     # does from Keras 3.12, on every Keras release this package supports.
     with tempfile.TemporaryDirectory() as saved_model_dir:
-        with scope.for_gpu_delegate() if gpu_delegate else contextlib.nullcontext():  # wherever TensorFlow traces
+        with scope.for_litert(), scope.for_gpu_delegate() if gpu_delegate else contextlib.nullcontext():
             archive = model_io.export_archive(pixel_model)
             archive.add_endpoint("serve", functools.partial(pixel_model.__call__, training=False),
                                  input_signature=[tf.TensorSpec((1, height, width, 3), tf.float32, name="image")])

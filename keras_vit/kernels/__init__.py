@@ -93,6 +93,15 @@ def batch_matmul(a, b, transpose_b: bool = False):
     return tf.linalg.matmul(a, b, transpose_b=transpose_b)
 
 
+def token_row(tokens, index: int):
+    """tokens[:, index] of a (batch, tokens, width) tensor; in a graph traced for LiteRT (`scope.for_litert`) a
+    slice that keeps the axis, then a reshape: `tokens[:, index]` converts to a STRIDED_SLICE with a shrink-axis
+    mask, which the GPU delegate refuses and XNNPACK leaves to LiteRT's own kernels."""
+    if scope.litert():
+        return ops.reshape(tokens[:, index:index + 1], (-1, tokens.shape[-1]))
+    return tokens[:, index]
+
+
 def fused_attention(query, key, value, scale: float):
     """softmax(q k^T * scale) v of (batch, tokens, heads, head_dim) tensors, the attention weights never
     returned: one op, `keras.ops.dot_product_attention` (cuDNN's flash attention on NVIDIA GPUs, the TPU's

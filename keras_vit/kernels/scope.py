@@ -3,7 +3,7 @@
 `keras_vit.ViTModel` turns it on in its `train_step` (mode "training") and in its `test_step` and
 `predict_step` (mode "inference"); everything else (calls, exports, your own `tf.function`) traces
 with it off, on the portable ops. `served_on` names the kernels of the TensorFlow that will serve an export, and
-`for_gpu_delegate` traces a LiteRT file for the GPU delegate, and `for_onnx` an ONNX file.
+`for_litert` traces a LiteRT file, `for_gpu_delegate` one for the GPU delegate, and `for_onnx` an ONNX file.
 """
 
 from __future__ import annotations
@@ -39,9 +39,23 @@ def served_on(kernels: str):
 
 
 @contextlib.contextmanager
+def for_litert():
+    """Traces a graph for LiteRT, every mode: `kernels.token_row` takes a token without a shrink-axis mask, which
+    neither XNNPACK nor the GPU delegate runs."""
+    with _holding("litert", "on"):
+        yield
+
+
+def litert() -> bool:
+    """Whether `for_litert` (or `for_gpu_delegate`) is entered on this thread."""
+    return getattr(_state, "litert", None) == "on" or gpu_delegate()
+
+
+@contextlib.contextmanager
 def for_gpu_delegate():
     """Traces a graph for LiteRT's GPU delegate: no op form it ignores or refuses (`kernels.batch_matmul` transposes
-    its right operand with an op of its own, not BATCH_MATMUL's adj_y flag, which the delegate ignores)."""
+    its right operand with an op of its own, not BATCH_MATMUL's adj_y flag, which the delegate ignores;
+    `kernels.token_row` takes a token without a shrink-axis mask, which it refuses)."""
     with _holding("gpu_delegate", "on"):
         yield
 

@@ -490,7 +490,7 @@ class MAPHead(keras.layers.Layer):
     def call(self, tokens, token_mask=None):
         probe = ops.broadcast_to(ops.cast(self.probe, tokens.dtype), (ops.shape(tokens)[0], 1, tokens.shape[-1]))
         x = self.attention(probe, context=tokens, attention_mask=token_mask)
-        return (x + self.mlp(self.norm(x)))[:, 0]
+        return kernels.token_row(x + self.mlp(self.norm(x)), 0)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[-1])

@@ -408,9 +408,9 @@ class TokenPooling(keras.layers.Layer):
 
     def call(self, tokens):
         if self.method in ("token", "distillation"):
-            return tokens[:, 0 if self.method == "token" else 1]
+            return kernels.token_row(tokens, 0 if self.method == "token" else 1)
         mean = ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
-        return ops.concatenate([tokens[:, 0], mean], axis=-1) if self.method == "token_avg" else mean
+        return ops.concatenate([kernels.token_row(tokens, 0), mean], axis=-1) if self.method == "token_avg" else mean
 
     def compute_output_shape(self, input_shape):
         width = input_shape[2]

@@ -388,6 +388,21 @@ def _group_norm_and_input():
     return layer, x
 
 
+def test_token_row_traced_for_the_gpu_delegate_is_the_same_row():
+    """`kernels.token_row` (the class token, DeiT's distillation token, the MAP head's probe) gives tokens[:, i]
+    inside `scope.for_litert` and `scope.for_gpu_delegate` (a slice and a reshape) as outside them."""
+    from keras_vit.kernels import scope
+    tokens = np.random.default_rng(0).normal(size=(2, 5, 4)).astype("float32")
+    for index in (0, 1):
+        for traced_for in (scope.for_litert, scope.for_gpu_delegate):
+            with traced_for():
+                assert scope.litert()
+                traced = keras.ops.convert_to_numpy(kernels.token_row(tokens, index))
+            np.testing.assert_array_equal(traced, tokens[:, index])
+        assert not scope.litert()
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(kernels.token_row(tokens, index)), tokens[:, index])
+
+
 def test_group_norm_traced_for_the_gpu_delegate_gives_keras_numbers():
     """The hybrid's GroupNorm inside `scope.for_gpu_delegate` (channels grouped as (batch, positions, groups,
     channels / group)) and outside (Keras' layer) both compute the NumPy equation."""
