@@ -204,7 +204,7 @@ def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
             builtin_code(code), "")
         if name not in GPU_DELEGATE_OPS:
             found[_NAMED_OFF_LIST.get(name, "not_gpu_ops")] += 1
-        elif (problem := _attribute_problem(name, op, graph, model)) is not None:
+        elif _attribute_problem(name, op, graph, model) is not None:
             found["transposed_batch_matmul" if name == "BATCH_MATMUL" else "gpu_op_attributes"] += 1
         for t in (*op.InputsAsNumpy(), *op.OutputsAsNumpy()):
             if t < 0:
