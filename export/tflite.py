@@ -67,6 +67,14 @@ class _Op(NamedTuple):
 _DTYPE_NAMES = {code: name.lower() for name, code in vars(schema.TensorType).items() if not name.startswith("_")}
 
 
+def _op_name(model, op) -> tuple[str, bool]:
+    """(the builtin name, or a custom op's code such as "FlexErf"; whether it is a builtin) of a flatbuffer op."""
+    builtin = builtin_code(model.OperatorCodes(op.OpcodeIndex()))
+    if builtin == schema.BuiltinOperator.CUSTOM:
+        return model.OperatorCodes(op.OpcodeIndex()).CustomCode().decode(), False
+    return _BUILTIN_NAMES.get(builtin, str(builtin)), True
+
+
 def _ops(path: str | os.PathLike) -> list[_Op]:
     """Every op of a `.tflite` file's main subgraph, read from its flatbuffer."""
     model = schema.Model.GetRootAs(Path(path).read_bytes(), 0)
@@ -74,12 +82,8 @@ def _ops(path: str | os.PathLike) -> list[_Op]:
     ops = []
     for i in range(graph.OperatorsLength()):
         op = graph.Operators(i)
-        code = model.OperatorCodes(op.OpcodeIndex())
-        builtin = builtin_code(code)
-        custom = builtin == schema.BuiltinOperator.CUSTOM
-        name = code.CustomCode().decode() if custom else _BUILTIN_NAMES.get(builtin, str(builtin))
-        inputs = [_DTYPE_NAMES[graph.Tensors(t).Type()] for t in op.InputsAsNumpy() if t >= 0]
-        ops.append(_Op(name, inputs, not custom))
+        name, builtin = _op_name(model, op)
+        ops.append(_Op(name, [_DTYPE_NAMES[graph.Tensors(t).Type()] for t in op.InputsAsNumpy() if t >= 0], builtin))
     return ops
 
 
@@ -167,45 +171,21 @@ def _attribute_problem(name: str, op, graph, model) -> str | None:
     return None
 
 
-def gpu_delegate_problems(path: str | os.PathLike) -> list[str]:
-    """Every op of a `.tflite` file's main subgraph that LiteRT's GPU delegate would not take, one line each
-    ("ARG_MAX: not on the GPU delegate's list", "STRIDED_SLICE: shrink_axis mask", ...), sorted and without
-    repeats: ops off `GPU_DELEGATE_OPS` (Flex and custom ops by their code), and ops on it with attributes it does
-    not take (`_attribute_problem`). A static check, not a run on a GPU."""
-    model = schema.Model.GetRootAs(Path(path).read_bytes(), 0)
-    graph = model.Subgraphs(0)
-    problems = set()
-    for i in range(graph.OperatorsLength()):
-        op = graph.Operators(i)
-        code = model.OperatorCodes(op.OpcodeIndex())
-        custom = builtin_code(code) == schema.BuiltinOperator.CUSTOM
-        name = code.CustomCode().decode() if custom else _BUILTIN_NAMES.get(builtin_code(code), str(builtin_code(code)))
-        if custom or name not in GPU_DELEGATE_OPS:
-            problems.add(f"{name}: not on the GPU delegate's list")
-        elif (problem := _attribute_problem(name, op, graph, model)) is not None:
-            problems.add(f"{name}: {problem}")
-    return sorted(problems)
+OFF_GPU_LIST = "not on the GPU delegate's list"
 
 
-def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
-    """{pitfall: count} of the `GPU_DELEGATE_PITFALLS` in a `.tflite` file's main subgraph (none: {}): a static
-    check, not a run on a GPU. Every op is checked against `GPU_DELEGATE_OPS` and its attributes
-    (`_attribute_problem`): the ops off that list that have a pitfall of their own (BROADCAST_TO, GATHER_ND) are
-    counted under it, the others under `not_gpu_ops`; ops on it with attributes it does not take under
-    `gpu_op_attributes` (a transposed BATCH_MATMUL under its own name)."""
+def _gpu_review(path: str | os.PathLike) -> tuple[list[tuple[str, str | None]], int, int]:
+    """Each op of a `.tflite` file's main subgraph with what LiteRT's GPU delegate would not take of it (None where
+    it takes it; `OFF_GPU_LIST`; else `_attribute_problem`'s), Flex and custom ops by their code; and the numbers of
+    tensors of rank over 4 and of tensors whose size is known only at run time beyond the batch."""
     model = schema.Model.GetRootAs(Path(path).read_bytes(), 0)
     graph = model.Subgraphs(0)
-    found = collections.Counter()
-    wide, dynamic = set(), set()
+    ops, wide, dynamic = [], set(), set()
     for i in range(graph.OperatorsLength()):
         op = graph.Operators(i)
-        code = model.OperatorCodes(op.OpcodeIndex())
-        name = "CUSTOM" if builtin_code(code) == schema.BuiltinOperator.CUSTOM else _BUILTIN_NAMES.get(
-            builtin_code(code), "")
-        if name not in GPU_DELEGATE_OPS:
-            found[_NAMED_OFF_LIST.get(name, "not_gpu_ops")] += 1
-        elif _attribute_problem(name, op, graph, model) is not None:
-            found["transposed_batch_matmul" if name == "BATCH_MATMUL" else "gpu_op_attributes"] += 1
+        name, builtin = _op_name(model, op)
+        off_list = not builtin or name not in GPU_DELEGATE_OPS
+        ops.append((name, OFF_GPU_LIST if off_list else _attribute_problem(name, op, graph, model)))
         for t in (*op.InputsAsNumpy(), *op.OutputsAsNumpy()):
             if t < 0:
                 continue
@@ -214,7 +194,30 @@ def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
                 wide.add(t)
             if tensor.ShapeSignatureLength() > 1 and (tensor.ShapeSignatureAsNumpy()[1:] < 0).any():
                 dynamic.add(t)
-    found["rank_over_4"], found["dynamic_shape"] = len(wide), len(dynamic)
+    return ops, len(wide), len(dynamic)
+
+
+def gpu_delegate_problems(path: str | os.PathLike) -> list[str]:
+    """Every op of a `.tflite` file's main subgraph that LiteRT's GPU delegate would not take, one line each
+    ("ARG_MAX: not on the GPU delegate's list", "STRIDED_SLICE: shrink_axis mask", ...), sorted and without
+    repeats: ops off `GPU_DELEGATE_OPS`, and ops on it with attributes it does not take. A static check, not a run
+    on a GPU."""
+    return sorted({f"{name}: {problem}" for name, problem in _gpu_review(path)[0] if problem is not None})
+
+
+def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
+    """{pitfall: count} of the `GPU_DELEGATE_PITFALLS` in a `.tflite` file's main subgraph (none: {}): a static
+    check, not a run on a GPU. The ops off `GPU_DELEGATE_OPS` that have a pitfall of their own (BROADCAST_TO,
+    GATHER_ND) are counted under it, the others under `not_gpu_ops`; ops on it with attributes it does not take
+    under `gpu_op_attributes` (a transposed BATCH_MATMUL under its own name)."""
+    ops, wide, dynamic = _gpu_review(path)
+    found = collections.Counter()
+    for name, problem in ops:
+        if problem == OFF_GPU_LIST:
+            found[_NAMED_OFF_LIST.get(name, "not_gpu_ops")] += 1
+        elif problem is not None:
+            found["transposed_batch_matmul" if name == "BATCH_MATMUL" else "gpu_op_attributes"] += 1
+    found["rank_over_4"], found["dynamic_shape"] = wide, dynamic
     return {pitfall: count for pitfall, count in found.items() if count}
 
 
