@@ -109,6 +109,22 @@ def test_backend_matches_tensorflow_and_trains(workdir, backend):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_naflex_tests_pass_on_backend(backend):
+    """SigLIP 2 NaFlex on the backend: tests/checkpoints/test_naflex.py but its command-line test (a TensorFlow
+    tool's refusal): the processor's rule and the model against transformers at both budgets, a batch of aspect
+    ratios equal to each alone, the padding changing nothing, the position table's per-image resize, the config
+    round trip."""
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": xla_flags()}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", "-rs",
+                           "-k", "not command_line_tools", "tests/checkpoints/test_naflex.py"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout and "skipped" not in done.stdout, \
+        done.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_layer_and_keras_tool_tests_pass_on_backend(backend):
     """The layer tests, the head-rows twin of `predict` (`tests/models/test_head_rows.py`), and quantization and LoRA
     through Keras' tools (the trained digits int8 check, slow, runs on TensorFlow only: the quantized numerics of
