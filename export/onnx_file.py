@@ -113,11 +113,11 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
         runtime_files.require_within(measured, max_relative_diff, "ONNX Runtime", version, OnnxMismatchError)
         quantization = {}
         if precision in INT8_METHODS:
-            if calibration is None:
-                quantize_in_place(path)
-            else:
+            if precision == "int8_static":
                 quantize_static_in_place(path, calibration[0])
                 quantization["calibration_images"] = calibration[1]
+            else:
+                quantize_in_place(path)
             session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
             quantization.update({"quantization": INT8_METHODS[precision], "float32_check": measured,
                                  "int8_check": runtime_files.int8_check(run, model, pixel_model, max_top1_drop,

@@ -139,9 +139,10 @@ def _attribute_problem(name: str, op, graph, model) -> str | None:
     rank = [tensor.ShapeLength() if tensor is not None else 0 for tensor in tensors]
     constant = [tensor is not None and model.Buffers(tensor.Buffer()).DataLength() + model.Buffers(
         tensor.Buffer()).Offset() > 0 for tensor in tensors]
-    if name == "BATCH_MATMUL" and (_options(op, schema.BatchMatMulOptions).AdjX() or
-                                   _options(op, schema.BatchMatMulOptions).AdjY()):
-        return "adj_x / adj_y"  # taken by the analyzer, ignored by the delegate (LiteRT issue 8913)
+    if name == "BATCH_MATMUL":
+        options = _options(op, schema.BatchMatMulOptions)
+        # Taken by the analyzer, ignored by the delegate (LiteRT issue 8913).
+        return "adj_x / adj_y" if options.AdjX() or options.AdjY() else None
     if name in ("SLICE", "STRIDED_SLICE") and rank[0] not in (3, 4):
         return f"input of rank {rank[0]} (3 or 4 only)"
     if name == "STRIDED_SLICE":
@@ -174,7 +175,28 @@ def _attribute_problem(name: str, op, graph, model) -> str | None:
 OFF_GPU_LIST = "not on the GPU delegate's list"
 
 
-def _gpu_review(path: str | os.PathLike) -> tuple[list[tuple[str, str | None]], int, int]:
+class _GpuReview(NamedTuple):
+    """A `.tflite` file's main subgraph as LiteRT's GPU delegate would see it (`_gpu_review`)."""
+
+    ops: list[tuple[str, str | None]]  # each op's name and what the delegate would not take of it (None: nothing)
+    wide: int  # tensors of rank over 4
+    dynamic: int  # tensors whose size is known only at run time beyond the batch
+
+    def problems(self) -> list[str]:
+        return sorted({f"{name}: {problem}" for name, problem in self.ops if problem is not None})
+
+    def pitfalls(self) -> dict[str, int]:
+        found = collections.Counter()
+        for name, problem in self.ops:
+            if problem == OFF_GPU_LIST:
+                found[_NAMED_OFF_LIST.get(name, "not_gpu_ops")] += 1
+            elif problem is not None:
+                found["transposed_batch_matmul" if name == "BATCH_MATMUL" else "gpu_op_attributes"] += 1
+        found["rank_over_4"], found["dynamic_shape"] = self.wide, self.dynamic
+        return {pitfall: count for pitfall, count in found.items() if count}
+
+
+def _gpu_review(path: str | os.PathLike) -> _GpuReview:
     """Each op of a `.tflite` file's main subgraph with what LiteRT's GPU delegate would not take of it (None where
     it takes it; `OFF_GPU_LIST`; else `_attribute_problem`'s), Flex and custom ops by their code; and the numbers of
     tensors of rank over 4 and of tensors whose size is known only at run time beyond the batch."""
@@ -194,7 +216,7 @@ def _gpu_review(path: str | os.PathLike) -> tuple[list[tuple[str, str | None]], 
                 wide.add(t)
             if tensor.ShapeSignatureLength() > 1 and (tensor.ShapeSignatureAsNumpy()[1:] < 0).any():
                 dynamic.add(t)
-    return ops, len(wide), len(dynamic)
+    return _GpuReview(ops, len(wide), len(dynamic))
 
 
 def gpu_delegate_problems(path: str | os.PathLike) -> list[str]:
@@ -202,7 +224,7 @@ def gpu_delegate_problems(path: str | os.PathLike) -> list[str]:
     ("ARG_MAX: not on the GPU delegate's list", "STRIDED_SLICE: shrink_axis mask", ...), sorted and without
     repeats: ops off `GPU_DELEGATE_OPS`, and ops on it with attributes it does not take. A static check, not a run
     on a GPU."""
-    return sorted({f"{name}: {problem}" for name, problem in _gpu_review(path)[0] if problem is not None})
+    return _gpu_review(path).problems()
 
 
 def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
@@ -210,15 +232,7 @@ def gpu_delegate_pitfalls(path: str | os.PathLike) -> dict[str, int]:
     check, not a run on a GPU. The ops off `GPU_DELEGATE_OPS` that have a pitfall of their own (BROADCAST_TO,
     GATHER_ND) are counted under it, the others under `not_gpu_ops`; ops on it with attributes it does not take
     under `gpu_op_attributes` (a transposed BATCH_MATMUL under its own name)."""
-    ops, wide, dynamic = _gpu_review(path)
-    found = collections.Counter()
-    for name, problem in ops:
-        if problem == OFF_GPU_LIST:
-            found[_NAMED_OFF_LIST.get(name, "not_gpu_ops")] += 1
-        elif problem is not None:
-            found["transposed_batch_matmul" if name == "BATCH_MATMUL" else "gpu_op_attributes"] += 1
-    found["rank_over_4"], found["dynamic_shape"] = wide, dynamic
-    return {pitfall: count for pitfall, count in found.items() if count}
+    return _gpu_review(path).pitfalls()
 
 
 def gpu_analyzer_verdict(path: str | os.PathLike) -> str | None:
@@ -375,8 +389,9 @@ def evaluate(path: str | os.PathLike, mode: str, reference: np.ndarray, images: 
 def _gpu_check(path: str | os.PathLike) -> dict[str, Any]:
     """A float file's GPU-delegate check: `gpu_delegate_pitfalls`, the ops the delegate would not take
     (`gpu_delegate_problems`), and TensorFlow's analyzer's verdict (`gpu_analyzer_verdict`)."""
-    return {"gpu_delegate_pitfalls": gpu_delegate_pitfalls(path),
-            "gpu_delegate_problems": gpu_delegate_problems(path), "gpu_analyzer": gpu_analyzer_verdict(path)}
+    review = _gpu_review(path)  # the file read once for both
+    return {"gpu_delegate_pitfalls": review.pitfalls(), "gpu_delegate_problems": review.problems(),
+            "gpu_analyzer": gpu_analyzer_verdict(path)}
 
 
 def _passed(result: dict[str, Any]) -> bool:
