@@ -497,3 +497,28 @@ def test_gpu_delegate_benchmark_covers_every_family_folder_and_prints_each_row()
         "| f | float32 | before | transposed_batch_matmul 2 | compatible | |",
         "| f | float16 | as written | none | compatible | |",
         "| f | int8 | as written | | | none |"]
+
+
+def test_onednn_ops_sums_the_timed_primitives_of_the_verbose_log():
+    """Only `exec` lines between the markers count, grouped by primitive, implementation and source dtype; what
+    oneDNN did not log is the wall time left over."""
+    from benchmarks import onednn_ops
+    exec_line = "onednn_verbose,v1,primitive,exec,cpu,{},{},forward_inference,src:{}::blocked:ab::f0 wei:bf16,,,4x8,{}"
+    lines = [exec_line.format("convolution", "brgconv_1x1:avx10_1_512_amx", "bf16", 9.0),  # warm-up: left out
+             onednn_ops.BEGIN,
+             "onednn_verbose,v1,primitive,create:cache_hit,cpu,reorder,jit:uni,undef,src:f32,,,4x8,0.01",
+             exec_line.format("convolution", "brgconv_1x1:avx10_1_512_amx", "bf16", 3.0),
+             exec_line.format("reorder", "jit:uni", "bf16", 1.5),
+             exec_line.format("convolution", "brgconv_1x1:avx10_1_512_amx", "bf16", 2.0),
+             exec_line.format("inner_product", "x64:gemm:jit", "f32", 0.5),
+             "some other output",
+             f"{onednn_ops.END} 10.000",
+             exec_line.format("reorder", "jit:uni", "bf16", 7.0)]  # after the timed calls: left out
+    by_kind, wall_ms = onednn_ops.parse(lines)
+    assert wall_ms == 10.0
+    assert dict(by_kind) == {("convolution", "brgconv_1x1:avx10_1_512_amx", "bf16"): [3.0, 2.0],
+                             ("reorder", "jit:uni", "bf16"): [1.5], ("inner_product", "x64:gemm:jit", "f32"): [0.5]}
+    table = onednn_ops.table(by_kind, wall_ms, calls=1)
+    assert table.index("convolution") < table.index("reorder") < table.index("inner_product")  # largest first
+    assert "| convolution | brgconv_1x1:avx10_1_512_amx | bf16 | 2 | 5.00 | 50.0% |" in table
+    assert "| (all oneDNN) | | | | 7.00 | 70.0% |" in table and "| (outside oneDNN) | | | | 3.00 | 30.0% |" in table
