@@ -20,7 +20,8 @@ kernel for the same maths, each only where it works and pays on this machine (`m
 probes against the portable ops):
 
 - `onednn_layer_norm`: oneDNN's fused LayerNorm where TensorFlow runs on oneDNN (bfloat16 only with AVX-512).
-- `bfloat16_conv_projections`: bfloat16 `dense` as a 1x1 convolution, which oneDNN gives its AMX kernel.
+- `bfloat16_conv_projections`: bfloat16 `dense` as a 1x1 convolution, which oneDNN gives its AMX kernel, for
+  inputs of at least `CONV_PROJECTION_MIN_ROWS` rows (chosen at run time where the rows are unknown when traced).
 - `xla_elementwise`: in training steps, the tanh GELU and the LayerNorm backward as XLA-fused loops.
 - `xla_inference_gelu`: in inference too, the tanh GELU as one XLA-fused loop, where TensorFlow runs on Eigen
   (oneDNN fuses it into the matmul before it instead).
@@ -57,6 +58,11 @@ from keras_vit.kernels.machine import (ENV_SWITCH, NATIVE_BFLOAT16_FLAGS, PORTAB
 from keras_vit.kernels.scope import SERVING_KERNELS, check_serving_kernels, cpu_kernels, served_on
 
 FUSED_ATTENTION_SWITCH = "KERAS_VIT_FUSED_ATTENTION"  # "on" / "off" override `attention_kernel`
+# The convolution reorders its weights at every call (oneDNN's AMX layout; a model's weights are variables, not
+# constants), which a few rows do not pay back: on an AMX Xeon, B/16 bfloat16 at batch 1 (197 rows) the plain matmul
+# was faster in 11 of 12 interleaved pairs (benchmarks/RESULTS.md run BD, a loaded machine); at batch 16 (3,152 rows)
+# the convolution was 20% faster on a quiet Sapphire Rapids (run D). The crossover between is not measured.
+CONV_PROJECTION_MIN_ROWS = 1024
 
 
 def dense(x, kernel, bias):
@@ -64,9 +70,17 @@ def dense(x, kernel, bias):
     if keras.backend.backend() != "tensorflow":
         return ops.matmul(x, kernel) + bias
     import tensorflow as tf
-    if x.dtype == tf.bfloat16 and active().bfloat16_conv_projections:
-        return tf_ops.conv_projection(x, kernel, bias)
-    return tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
+
+    def matmul():
+        return tf.nn.bias_add(tf.linalg.matmul(x, kernel), bias)
+
+    if x.dtype != tf.bfloat16 or not active().bfloat16_conv_projections:
+        return matmul()
+    rows = x.shape[0]
+    if rows is None:  # a graph for any batch: the choice at run time, one branch runs
+        return tf.cond(tf.shape(x)[0] >= CONV_PROJECTION_MIN_ROWS,
+                       lambda: tf_ops.conv_projection(x, kernel, bias), matmul)
+    return tf_ops.conv_projection(x, kernel, bias) if rows >= CONV_PROJECTION_MIN_ROWS else matmul()
 
 
 def projections(x, kernels: Sequence, biases: Sequence) -> list:

@@ -344,6 +344,7 @@ def test_a_later_trace_probes_and_makes_a_template_too(monkeypatch, block_and_to
 
 def test_bfloat16_projections_as_convolutions_match_the_matmuls(monkeypatch, block_and_tokens):
     """The AMX choice, forced: it runs (emulated) on any CPU, so the maths is checked everywhere."""
+    monkeypatch.setattr(kernels, "CONV_PROJECTION_MIN_ROWS", 27)  # the fixture's 3 x 9 tokens
     block = vit_layers.TransformerBlock(num_heads=4, mlp_dim=64, dtype="mixed_bfloat16")
     block.build((None, 9, 32))
     block.set_weights(block_and_tokens[0].get_weights())
@@ -359,6 +360,27 @@ def test_bfloat16_projections_as_convolutions_match_the_matmuls(monkeypatch, blo
     # differ by up to one ulp of the branch: 2^-6 absolute.
     np.testing.assert_allclose(fast, portable, rtol=2 ** -6, atol=2 ** -6)
     assert np.abs(fast - portable).mean() < 2 ** -8
+
+
+def test_bfloat16_projections_are_convolutions_only_for_enough_rows(monkeypatch):
+    """The convolution reorders its weights at every call: a few rows take the matmul, statically where the rows
+    are known when traced, at run time (one `If`) where they are not; the numbers are the matmul's either way."""
+    monkeypatch.setattr(kernels, "CONV_PROJECTION_MIN_ROWS", 10)
+    _force(monkeypatch, kernels.KernelChoice(bfloat16_conv_projections=True))
+    rng = np.random.default_rng(0)
+    kernel = tf.constant(rng.normal(size=(8, 4)), tf.bfloat16)
+    bias = tf.constant(rng.normal(size=(4,)), tf.bfloat16)
+    dense = _traced(lambda x: kernels.dense(x, kernel, bias), True)
+    few, many = (tf.constant(rng.normal(size=(rows, 8)), tf.bfloat16) for rows in (9, 12))
+    assert "Conv2D" not in _op_types(dense, few) and "MatMul" in _op_types(dense, few)
+    assert "Conv2D" in _op_types(dense, many) and "MatMul" not in _op_types(dense, many)
+    any_rows = dense.get_concrete_function(tf.TensorSpec((None, 8), tf.bfloat16))
+    assert {"Conv2D", "MatMul"} <= graph_op_types(any_rows.graph.as_graph_def())
+    assert {"If", "StatelessIf"} & graph_op_types(any_rows.graph.as_graph_def())
+    for x in (few, many):
+        expected = np.asarray(tf.cast(x, tf.float32) @ tf.cast(kernel, tf.float32) + tf.cast(bias, tf.float32))
+        for out in (dense(x), any_rows(x)):
+            np.testing.assert_allclose(np.asarray(tf.cast(out, tf.float32)), expected, rtol=2 ** -6, atol=2 ** -5)
 
 
 # --- fallbacks when an internal is missing or a kernel fails ---
