@@ -7,10 +7,10 @@ tests/data/families: transformers and timm files of ViT, DeiT, CLIP, SigLIP, DIN
 DINOv3 and EVA-02), the float32 and float16 LiteRT files are converted twice: as `keras-vit-tflite` writes them
 (traced for the GPU delegate, `tflite_conversion.conversion_source(gpu_delegate=True)`), and in the form the int8
 modes use (`gpu_delegate=False`: q k^T as BATCH_MATMUL with `adj_y`, what every float file was before the GPU
-tracing). Each file gets `export.tflite.gpu_delegate_pitfalls` (every op on the delegate's list
+tracing). Each file gets `export.litert_file.gpu_delegate_pitfalls` (every op on the delegate's list
 `GPU_DELEGATE_OPS`; BATCH_MATMUL transpose flags, BROADCAST_TO, GATHER_ND, tensors of rank 5 or more, sizes known
 only at run time) and TensorFlow's own `tf.lite.experimental.Analyzer(gpu_compatibility=True)` verdict
-(`export.tflite.gpu_analyzer_verdict`); and the int8 file (`int8`, the integer-only one) the ops that take or give
+(`export.litert_file.gpu_analyzer_verdict`); and the int8 file (`int8`, the integer-only one) the ops that take or give
 float32 tensors, which an integer-only NPU would reject. A static check of the files, not a run on a GPU.
 """
 
@@ -48,7 +48,7 @@ def model_of(family: str):
 
 def check_family(family: str, out: str) -> list[dict]:
     """The rows of one family: float32 and float16, as written and before the GPU tracing; then int8's float ops."""
-    from keras_vit.export import data, model_io, tflite, tflite_conversion
+    from keras_vit.export import data, litert_file, model_io, tflite, tflite_conversion
 
     model = model_of(family)
     rows = []
@@ -58,12 +58,12 @@ def check_family(family: str, out: str) -> list[dict]:
                 path = os.path.join(out, f"{family}_{mode}_{'gpu' if traced else 'before'}.tflite")
                 tflite.convert(model, path, mode, source=source)
                 rows.append({"family": family, "file": mode, "form": "as written" if traced else "before",
-                             "pitfalls": tflite.gpu_delegate_pitfalls(path),
-                             "analyzer": tflite.gpu_analyzer_verdict(path) or "not available"})
+                             "pitfalls": litert_file.gpu_delegate_pitfalls(path),
+                             "analyzer": litert_file.gpu_analyzer_verdict(path) or "not available"})
     calibration = data.photos(model_io.image_size(model), count=8)
     path = os.path.join(out, f"{family}_int8.tflite")
     tflite.convert(model, path, "int8", calibration=calibration)
-    rows.append({"family": family, "file": "int8", "form": "as written", "float_ops": tflite.float_ops(path)})
+    rows.append({"family": family, "file": "int8", "form": "as written", "float_ops": litert_file.float_ops(path)})
     return rows
 
 

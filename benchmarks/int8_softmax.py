@@ -40,7 +40,7 @@ from ai_edge_litert.interpreter import Interpreter  # noqa: E402
 
 from benchmarks import litert_ops  # noqa: E402
 from keras_vit import _tf_internals  # noqa: E402
-from keras_vit.export import tflite, tflite_conversion  # noqa: E402
+from keras_vit.export import litert_file, tflite, tflite_conversion  # noqa: E402
 
 TEMPERATURES = (0.3, 1.0, 3.0, 8.0, 20.0)
 CHECKS = 4  # draws the error is taken over
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             path.write_bytes(convert(function, shape, set_ranges))
             largest, low, high = errors(path, shape)
             print(f"| {name} | {litert_ops.timed_cells(path, args.runs)} | {largest:.4f} | {low:.3f} to {high:.3f} | "
-                  f"{', '.join(tflite.float_ops(path)) or 'none'} |", flush=True)
+                  f"{', '.join(litert_file.float_ops(path)) or 'none'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ def test_exports_are_at_the_files_size_and_serve_its_transform(tmp_path, name):
 
     from keras_vit.cli import export as export_cli
     from keras_vit.cli import tflite as tflite_cli
-    from keras_vit.export import saved_model, tflite
+    from keras_vit.export import litert_file, saved_model
     from tests.testing import TF1Server
 
     folder, meta, reference = case(name)
@@ -150,8 +150,8 @@ def test_exports_are_at_the_files_size_and_serve_its_transform(tmp_path, name):
                             str(photos)]) == 0
     (file_name,) = [name for name in os.listdir(tmp_path / "lite") if name.endswith(".tflite")]
     # Built-in ops only (no Flex), none that LiteRT's GPU delegate refuses (GATHER_ND, rank > 4, ...).
-    assert tflite.non_builtin_ops(tmp_path / "lite" / file_name) == []
-    assert tflite.gpu_delegate_pitfalls(tmp_path / "lite" / file_name) == {}
+    assert litert_file.non_builtin_ops(tmp_path / "lite" / file_name) == []
+    assert litert_file.gpu_delegate_pitfalls(tmp_path / "lite" / file_name) == {}
     interpreter = Interpreter(model_path=str(tmp_path / "lite" / file_name))
     interpreter.allocate_tensors()
     (given,), (output,) = interpreter.get_input_details(), interpreter.get_output_details()

@@ -17,7 +17,7 @@ from ai_edge_litert import schema_py_generated as schema
 
 from keras_vit import _tf_internals, datasets
 from keras_vit.cli import tflite as tflite_cli
-from keras_vit.export import data, model_io, precision, tflite, tflite_conversion
+from keras_vit.export import data, litert_file, model_io, precision, tflite, tflite_conversion
 from tests.testing import TINY_VIT, made_once, randomize
 
 SIZE = (16, 16)
@@ -109,26 +109,26 @@ def test_gpu_check_lists_ops_off_the_delegates_list_and_sizes_known_only_at_run_
     time is a pitfall; a plain Dense file has none."""
     flat = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(2)])
     plain = tflite.convert(flat, tmp_path / "dense.tflite", "float32", pixel_input=False)
-    assert (tflite.gpu_delegate_pitfalls(plain), tflite.gpu_delegate_problems(plain)) == ({}, [])
-    assert tflite.gpu_analyzer_verdict(plain) == "compatible"
+    assert (litert_file.gpu_delegate_pitfalls(plain), litert_file.gpu_delegate_problems(plain)) == ({}, [])
+    assert litert_file.gpu_analyzer_verdict(plain) == "compatible"
     inputs = keras.Input((4, 4, 3))
     scores = keras.layers.Dense(2)(keras.layers.Flatten()(inputs))
     argmax = keras.Model(inputs, keras.layers.Lambda(lambda x: tf.argmax(x, axis=-1))(scores))
     path = tflite.convert(argmax, tmp_path / "argmax.tflite", "float32", pixel_input=False)
-    assert tflite.gpu_delegate_pitfalls(path) == {"not_gpu_ops": 1}
-    assert tflite.gpu_delegate_problems(path) == ["ARG_MAX: not on the GPU delegate's list"]
+    assert litert_file.gpu_delegate_pitfalls(path) == {"not_gpu_ops": 1}
+    assert litert_file.gpu_delegate_problems(path) == ["ARG_MAX: not on the GPU delegate's list"]
     # TensorFlow 2.21's analyzer said "compatible" of this file (and of GATHER_ND and TOPK_V2 ones): its verdict is
     # reported beside keras_vit's check, which is what decides.
-    verdict = tflite.gpu_analyzer_verdict(path)
+    verdict = litert_file.gpu_analyzer_verdict(path)
     assert verdict == "compatible" or verdict.startswith("GPU COMPATIBILITY WARNING"), verdict
     rows = keras.Input((5, 4, 3))
     first = keras.Model(rows, keras.layers.Lambda(lambda x: x[:, 0])(rows))  # a class token, as Keras slices it
     path = tflite.convert(first, tmp_path / "first.tflite", "float32", pixel_input=False)
-    assert tflite.gpu_delegate_pitfalls(path) == {"gpu_op_attributes": 1}
-    assert tflite.gpu_delegate_problems(path) == ["STRIDED_SLICE: shrink_axis mask"]
+    assert litert_file.gpu_delegate_pitfalls(path) == {"gpu_op_attributes": 1}
+    assert litert_file.gpu_delegate_problems(path) == ["STRIDED_SLICE: shrink_axis mask"]
     any_height = keras.Sequential([keras.Input((None, 4, 3)), keras.layers.Dense(2)])
     path = tflite.convert(any_height, tmp_path / "any_height.tflite", "float32", pixel_input=False)
-    assert tflite.gpu_delegate_pitfalls(path)["dynamic_shape"] >= 2  # its input and output at least
+    assert litert_file.gpu_delegate_pitfalls(path)["dynamic_shape"] >= 2  # its input and output at least
 
 
 @pytest.mark.parametrize("how", ["missing", "raises"])
@@ -141,7 +141,7 @@ def test_gpu_analyzer_verdict_is_unknown_without_tensorflows_analyzer(how, tmp_p
         monkeypatch.delattr(tf.lite.experimental, "Analyzer")
     else:
         monkeypatch.setattr(tf.lite.experimental.Analyzer, "analyze", lambda **kwargs: 1 / 0)
-    assert tflite.gpu_analyzer_verdict(path) is None
+    assert litert_file.gpu_analyzer_verdict(path) is None
     result = {"mode": "float16", **tflite._gpu_check(path)}
     assert result["gpu_analyzer"] is None and result["gpu_delegate_pitfalls"] == {}
     assert tflite._gpu_text(result) == (
@@ -272,7 +272,7 @@ def test_mixed_int8_runs_its_matmuls_in_int8_and_every_op_on_xnnpack(tmp_path):
     results = {r["mode"]: r for r in report["modes"]}
     mixed = results["mixed_int8"]
     path = tmp_path / mixed["file"]
-    ops = tflite._ops(path)
+    ops = litert_file.ops(path)
     # Every matmul takes int8 activations and weights; the ops between them (LayerNorm, softmax, GELU, the
     # attention products) stay float32, with no int8 input.
     matmuls = [op for op in ops if op.name == "FULLY_CONNECTED"]
@@ -376,7 +376,7 @@ def test_full_int8_runs_every_attention_product_and_layer_norm_on_xnnpack(int8_o
     # The interpreter's own int8 BATCH_MATMUL (right operand off zero point 0) and SQUARED_DIFFERENCE (a
     # LayerNorm written with a square of the centred input) are each about 10x slower than XNNPACK's kernels.
     assert "BATCH_MATMUL" not in outside and "SQUARED_DIFFERENCE" not in outside, outside
-    assert tflite.float_ops(path) == []  # every op integer (Keras' own LayerNormalization left a float NEG)
+    assert litert_file.float_ops(path) == []  # every op integer (Keras' own LayerNormalization left a float NEG)
     names, graph = graph_of(path.read_bytes())
     right = [graph.tensors[op.inputs[1]] for name, op in zip(names, graph.operators) if name == "BATCH_MATMUL"]
     assert len(right) == 2 * 2  # q k^T and A V in each of the 2 blocks
@@ -400,7 +400,7 @@ def test_int8_cpu_is_int8_with_softmax_and_gelu_in_float32_on_xnnpack(tmp_path, 
     interpreter.allocate_tensors()
     outside, _ = tflite.outside_delegates(interpreter)
     assert not {"SOFTMAX", "GELU", "BATCH_MATMUL", "DEQUANTIZE"} & set(outside), outside
-    assert tflite.float_ops(path) == ["GELU", "SOFTMAX"]
+    assert litert_file.float_ops(path) == ["GELU", "SOFTMAX"]
     names, graph = graph_of(path.read_bytes())
     int8_names, _ = graph_of(int8.read_bytes())
     # The int8 file's ops, and one DEQUANTIZE and one QUANTIZE around each softmax and GELU of the 2 blocks and
@@ -501,19 +501,19 @@ def test_files_are_converted_from_the_head_rows_twin(tmp_path):
                 if t >= 0 and len(graph.tensors[t].shape) > 4}
         return len(transposed), len(wide)
 
-    assert pitfalls(names, graph) == (0, 0) and tflite.gpu_delegate_pitfalls(path) == {}
-    assert tflite.gpu_delegate_problems(path) == []  # the class token too: no STRIDED_SLICE shrink-axis mask
+    assert pitfalls(names, graph) == (0, 0) and litert_file.gpu_delegate_pitfalls(path) == {}
+    assert litert_file.gpu_delegate_problems(path) == []  # the class token too: no STRIDED_SLICE shrink-axis mask
     assert names.count("BATCH_MATMUL") == 2 * TINY_VIT["num_layers"]
     with tflite_conversion.conversion_source(model, gpu_delegate=False) as source:
         int8_form = tflite.convert(model, tmp_path / "int8_form.tflite", "float32", source=source)
     assert pitfalls(*graph_of(int8_form.read_bytes())) == (TINY_VIT["num_layers"], 0)
-    assert tflite.gpu_delegate_pitfalls(int8_form) == {"transposed_batch_matmul": TINY_VIT["num_layers"]}
-    assert tflite.gpu_delegate_problems(int8_form) == ["BATCH_MATMUL: adj_x / adj_y"]
+    assert litert_file.gpu_delegate_pitfalls(int8_form) == {"transposed_batch_matmul": TINY_VIT["num_layers"]}
+    assert litert_file.gpu_delegate_problems(int8_form) == ["BATCH_MATMUL: adj_x / adj_y"]
     np.testing.assert_allclose(np.stack([tflite.LiteRTClassifier(int8_form)(image) for image in images]),
                                np.stack([classifier(image) for image in images]), atol=1e-6)
     dense = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(2)])
     plain = tflite.convert(dense, tmp_path / "dense.tflite", "float32", pixel_input=False)
-    assert tflite.gpu_delegate_pitfalls(plain) == {}
+    assert litert_file.gpu_delegate_pitfalls(plain) == {}
 
 
 @pytest.mark.slow  # converts a tiny hybrid (about 5 s)
@@ -525,7 +525,7 @@ def test_a_hybrids_float_file_has_no_tensor_of_rank_5_and_keeps_its_outputs(tmp_
                                         **TINY_HYBRID)
     randomize(model, seed=2)
     path = tflite.convert(model, tmp_path / "hybrid.tflite", "float32")
-    assert tflite.gpu_delegate_pitfalls(path) == {}
+    assert litert_file.gpu_delegate_pitfalls(path) == {}
     images = data.photos((32, 32), count=3)
     classifier = tflite.LiteRTClassifier(path)
     expected = model_io.with_pixel_input(model).predict(images, verbose=0)
