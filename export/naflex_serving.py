@@ -11,7 +11,9 @@ triangle filter in float32, not rounded: PIL resizes uint8 in fixed point, so va
 one level), cut into row-major patches padded to the budget with their mask and grid (`naflex_patches`).
 
 - `serving_default`, `serving_bytes`, `embed`: `{"embedding": (batch, D)}`, the MAP head's pooled vector
-  (`pooler_output`), L2-normalized with `l2_normalize`;
+  (`pooler_output`), L2-normalized with `l2_normalize`; with `class_embeddings`, `serving_default` and
+  `serving_bytes` are a zero-shot classifier of it instead (`logits`, `probabilities`, top-k `classes` and
+  `scores`, `class_names` where given);
 - `features` (asked for): `{"tokens": (batch, max_num_patches, D), "patch_mask": (batch, max_num_patches),
   "spatial_shapes": (batch, 2)}`, each image's final-norm tokens at its own (rows, columns) grid, row-major, the
   padding rows after them.
@@ -33,7 +35,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_vit import image_io, kernels
+from keras_vit import features, image_io, kernels
 from keras_vit.atomic import DiskSpaceError, atomic_write, check_room, variables_bytes
 from keras_vit.layers.naflex import NaFlexPositionEmbedding
 
@@ -137,13 +139,26 @@ def _check(max_num_patches: int, signatures: Sequence[str]) -> None:
 
 def naflex_archive(model: keras.Model, max_num_patches: int, *, max_pixels: int = serving.DEFAULT_MAX_PIXELS,
                    max_batch: int = serving.DEFAULT_MAX_BATCH, signatures: Sequence[str] = (),
-                   l2_normalize: bool = False, serving_kernels: str = "onednn") -> keras.export.ExportArchive:
+                   l2_normalize: bool = False, serving_kernels: str = "onednn", class_embeddings=None,
+                   logit_scale: float = 100.0, logit_bias: float = 0.0, top_k: int = 5,
+                   class_names: Sequence[str] | None = None) -> keras.export.ExportArchive:
     """An ExportArchive of `model` (a `NaFlexViT`) with `serving_default`, `serving_bytes` and `embed` (the
-    embedding) and, asked for, `features` (tokens, mask, grids), each from encoded images (see the module)."""
+    embedding) and, asked for, `features` (tokens, mask, grids), each from encoded images (see the module). With
+    `class_embeddings` ((classes, D), e.g. a SigLIP 2 text tower's embeddings of prompts), `serving_default` and
+    `serving_bytes` are a zero-shot classifier of the embedding, `logit_scale * cos(image, class) + logit_bias`
+    (`keras_vit.features.zero_shot_weights`), with the top-k outputs of `export.serving`'s classifiers."""
     serving.check_limits(max_pixels, max_batch)
     kernels.check_serving_kernels(serving_kernels)
     _check(max_num_patches, signatures)
     patch_size = patch_size_of(model)
+    if class_embeddings is not None:
+        kernel, bias = (tf.constant(array) for array in features.zero_shot_weights(
+            class_embeddings, model.output["embedding"].shape[-1], logit_scale=logit_scale, logit_bias=logit_bias,
+            of=f"the embedding of model {model.name!r}"))
+        top_k = serving.checked_top_k(top_k, int(bias.shape[0]), class_names)
+    elif class_names is not None:
+        raise ValueError("class_names name the classes of class_embeddings; a NaFlex model without them serves its "
+                         "embedding.")
 
     def inputs_of(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
         with tf.control_dependencies([serving.check_batch(tf.size(image_bytes), max_batch)]):
@@ -154,18 +169,25 @@ def naflex_archive(model: keras.Model, max_num_patches: int, *, max_pixels: int 
             embedding = model(inputs_of(image_bytes), training=False)["embedding"]
             return {"embedding": tf.math.l2_normalize(embedding, axis=-1) if l2_normalize else embedding}
 
-    def features(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+    def token_maps(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
         with kernels.served_on(serving_kernels):
             inputs = inputs_of(image_bytes)
             return {"tokens": model(inputs, training=False)["tokens"], "patch_mask": inputs["patch_mask"],
                     "spatial_shapes": inputs["spatial_shapes"]}
 
+    def classify(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+        with kernels.served_on(serving_kernels):
+            embedding = model(inputs_of(image_bytes), training=False)["embedding"]
+            logits = tf.math.l2_normalize(tf.cast(embedding, tf.float32), axis=-1) @ kernel + bias
+            return serving.predictions(logits, top_k, class_names)
+
     archive = model_io.export_archive(model)
     spec = [tf.TensorSpec((None,), tf.string, serving.BYTES_KEY)]
-    for name in ("serving_default", serving.BYTES_SIGNATURE, "embed"):
-        archive.add_endpoint(name, embed, input_signature=spec)
+    for name in ("serving_default", serving.BYTES_SIGNATURE):
+        archive.add_endpoint(name, embed if class_embeddings is None else classify, input_signature=spec)
+    archive.add_endpoint("embed", embed, input_signature=spec)
     if "features" in signatures:
-        archive.add_endpoint("features", features, input_signature=spec)
+        archive.add_endpoint("features", token_maps, input_signature=spec)
     return archive
 
 
@@ -186,7 +208,9 @@ def export_naflex_saved_model(model: keras.Model, base_dir: str | os.PathLike, *
                               version: int | None = None, overwrite: bool = False,
                               max_pixels: int = serving.DEFAULT_MAX_PIXELS,
                               max_batch: int = serving.DEFAULT_MAX_BATCH, signatures: Sequence[str] = (),
-                              l2_normalize: bool = False, serving_kernels: str = "onednn") -> Path:
+                              l2_normalize: bool = False, serving_kernels: str = "onednn", class_embeddings=None,
+                              logit_scale: float = 100.0, logit_bias: float = 0.0, top_k: int = 5,
+                              class_names: Sequence[str] | None = None) -> Path:
     """Writes `base_dir/<version>/` (SavedModel, warmup requests, metadata) of a `NaFlexViT` atomically; returns its
     path.
 
@@ -198,14 +222,22 @@ def export_naflex_saved_model(model: keras.Model, base_dir: str | os.PathLike, *
         version, overwrite, max_pixels, max_batch, l2_normalize, serving_kernels: as
             `saved_model.export_saved_model`.
         signatures: `"features"` for the tokens signature (`"embed"` is always served).
+        class_embeddings, logit_scale, logit_bias, top_k, class_names: a zero-shot classifier on `serving_default`
+            and `serving_bytes` (`naflex_archive`); without `class_embeddings` they serve the embedding.
     """
     base, version, target = saved_model.version_folder(base_dir, version, overwrite)
     archive = naflex_archive(model, max_num_patches, max_pixels=max_pixels, max_batch=max_batch,
-                             signatures=signatures, l2_normalize=l2_normalize, serving_kernels=serving_kernels)
+                             signatures=signatures, l2_normalize=l2_normalize, serving_kernels=serving_kernels,
+                             class_embeddings=class_embeddings, logit_scale=logit_scale, logit_bias=logit_bias,
+                             top_k=top_k, class_names=class_names)
     names = signature_names(signatures)
+    zero_shot = None if class_embeddings is None else {
+        "classes": len(class_embeddings), "logit_scale": logit_scale, "logit_bias": logit_bias,
+        "top_k": min(top_k, len(class_embeddings)), "class_names": class_names is not None}
     metadata = {"model": "naflex", "max_num_patches": max_num_patches, "patch_size": patch_size_of(model),
                 "image_size": None, "max_pixels": max_pixels, "max_batch": max_batch, "l2_normalize": l2_normalize,
                 "serving_kernels": serving_kernels, "image_formats": list(image_io.FORMATS), "signatures": names,
+                "zero_shot": zero_shot,
                 "preprocessing": {"resize": RESIZE, "rule": "Siglip2ImageProcessor (transformers 4.57.6)"}}
     check_room({str(base): variables_bytes(model.weights)}, f"SavedModel version {version}")
     try:

@@ -116,13 +116,24 @@ def in_image_groups(model: keras.Model, images: tf.Tensor, group: int | None):
     return tf.nest.map_structure(lambda array: array.concat(), arrays)
 
 
-def _predictions(logits: tf.Tensor, top_k: int, class_names: Sequence[str] | None) -> dict[str, tf.Tensor]:
+def predictions(logits: tf.Tensor, top_k: int, class_names: Sequence[str] | None) -> dict[str, tf.Tensor]:
+    """A classifier's outputs: `logits`, their softmax `probabilities`, the top-k `classes` and `scores`, and
+    `class_names` where names were given."""
     probabilities = tf.nn.softmax(logits)
     scores, classes = tf.math.top_k(probabilities, k=top_k)
     outputs = {"logits": logits, "probabilities": probabilities, "classes": classes, "scores": scores}
     if class_names is not None:
         outputs["class_names"] = tf.gather(tf.constant(list(class_names)), classes)
     return outputs
+
+
+def checked_top_k(top_k: int, num_classes: int, class_names: Sequence[str] | None) -> int:
+    """`top_k` for a classifier of `num_classes` (at most that many), after checking it and the class names."""
+    if class_names is not None and len(class_names) != num_classes:
+        raise ValueError(f"Expected {num_classes} class names (one per model class). Received {len(class_names)}.")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"`top_k` must be a positive int. Received: top_k={top_k!r}")
+    return min(top_k, num_classes)
 
 
 def check_limits(max_pixels: int, max_batch: int) -> None:
@@ -195,13 +206,7 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
                    embedding, l2_normalize)
     if has_head:
         pixel_logits = model_io.pixel_logits_model(model)
-        num_classes = int(pixel_logits.output_shape[-1])
-        if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(f"Expected {num_classes} class names (one per model class). "
-                             f"Received {len(class_names)}.")
-        if not isinstance(top_k, int) or top_k < 1:
-            raise ValueError(f"`top_k` must be a positive int. Received: top_k={top_k!r}")
-        top_k = min(top_k, num_classes)
+        top_k = checked_top_k(top_k, int(pixel_logits.output_shape[-1]), class_names)
     else:
         if class_names is not None:
             raise ValueError(f"class_names need a classifier, but model {model.name!r} has no classification head "
@@ -213,7 +218,7 @@ def serving_archive(model: keras.Model, *, top_k: int = 5, class_names: Sequence
     def predict(images: tf.Tensor) -> dict[str, tf.Tensor]:
         if not has_head:
             return in_image_groups(pixel_embedding, images, group)
-        return _predictions(in_image_groups(pixel_logits, images, group), top_k, class_names)
+        return predictions(in_image_groups(pixel_logits, images, group), top_k, class_names)
 
     def serve_images(images: tf.Tensor) -> dict[str, tf.Tensor]:
         checks = [check_images(images, max_pixels, max_batch)] + ([check_stride(images, stride)] if stride else [])

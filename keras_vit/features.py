@@ -201,6 +201,25 @@ def embedding_model(model: keras.Model, source: str = "pooled", l2_normalize: bo
     return keras.Model(model.input, {"embedding": embedding}, name=f"{model.name}_embedding")
 
 
+def zero_shot_weights(class_embeddings, width: int, *, logit_scale: float = 100.0, logit_bias: float = 0.0,
+                      of: str = "the embedding") -> tuple[np.ndarray, np.ndarray]:
+    """The (width, classes) kernel and (classes,) bias of a zero-shot head on unit-length image embeddings:
+    `unit(image) @ kernel + bias = logit_scale * cos(image, class) + logit_bias`.
+
+    Raises:
+        ValueError: `class_embeddings` is not (classes, width) with classes >= 1 (`of` names the embedding it
+            must match), or a row is zero.
+    """
+    embeddings = np.asarray(class_embeddings, dtype="float32")
+    if embeddings.ndim != 2 or embeddings.shape[1] != width or not len(embeddings):
+        raise ValueError(f"class_embeddings must be (classes, {width}) to match {of}. Received shape: "
+                         f"{embeddings.shape}")
+    norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+    if not np.all(norms > 0):
+        raise ValueError(f"class_embeddings rows {np.flatnonzero(norms[:, 0] == 0).tolist()} are zero vectors.")
+    return (embeddings / norms).T * np.float32(logit_scale), np.full(len(embeddings), logit_bias, "float32")
+
+
 def zero_shot_classifier(model: keras.Model, class_embeddings, *, source: str = "head", logit_scale: float = 100.0,
                          logit_bias: float = 0.0, classifier_activation: str | None = "softmax") -> keras.Model:
     """A classifier whose classes are embeddings: `logit_scale * cos(image, class) + logit_bias`.
@@ -217,18 +236,12 @@ def zero_shot_classifier(model: keras.Model, class_embeddings, *, source: str = 
         logit_scale, logit_bias: floats. Default to `100.0` and `0.0` (CLIP's).
         classifier_activation: of the output. Defaults to `"softmax"`.
     """
-    embeddings = np.asarray(class_embeddings, dtype="float32")
     tower = embedding_model(model, source=source, l2_normalize=True)
-    width = tower.outputs[0].shape[-1]
-    if embeddings.ndim != 2 or embeddings.shape[1] != width or not len(embeddings):
-        raise ValueError(f"class_embeddings must be (classes, {width}) to match the {source!r} embedding of model "
-                         f"{model.name!r}. Received shape: {embeddings.shape}")
-    norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
-    if not np.all(norms > 0):
-        raise ValueError(f"class_embeddings rows {np.flatnonzero(norms[:, 0] == 0).tolist()} are zero vectors.")
-    head = keras.layers.Dense(len(embeddings), name="zero_shot_head", dtype="float32")
+    kernel, bias = zero_shot_weights(class_embeddings, tower.outputs[0].shape[-1], logit_scale=logit_scale,
+                                     logit_bias=logit_bias, of=f"the {source!r} embedding of model {model.name!r}")
+    head = keras.layers.Dense(len(bias), name="zero_shot_head", dtype="float32")
     logits = head(tower.outputs[0])
-    head.set_weights([(embeddings / norms).T * logit_scale, np.full(len(embeddings), logit_bias, "float32")])
+    head.set_weights([kernel, bias])
     outputs = logits if classifier_activation is None else keras.layers.Activation(
         classifier_activation, name="predictions", dtype="float32")(logits)
     from keras_vit.models import ViTModel  # the models import this module

@@ -213,31 +213,44 @@ def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, si
     (`keras_vit.export.naflex_serving`); the flags of image models are refused by name."""
     changed = [f"--{name.replace('_', '-')}" for name in ("top_k", "feature_blocks", "logit_scale", "logit_bias")
                if getattr(args, name) != parser.get_default(name)]
+    head_flags = [flag for flag in ("--class-names", *changed) if flag != "--feature-blocks" and (
+        flag != "--class-names" or args.class_names)]
     refused = [flag for flag, given in (
         ("--variant", args.variant), ("--image-size", args.image_size), ("--classes", args.classes),
         ("--pooling", args.pooling), ("--any-size", args.any_size),
         (f"--format {args.format}", args.format in FILE_FORMATS),
         (f"--precision {args.precision}", args.precision != "float32"),
-        ("--class-names", args.class_names), ("--class-embeddings", args.class_embeddings),
         ("--embedding head", args.embedding != "pooled"), ("--signatures explain", "explain" in signatures),
-        *((flag, True) for flag in changed)) if given]
+        ("--feature-blocks", "--feature-blocks" in changed)) if given]
     if refused:
         parser.error(f"{refused[0]} does not apply to SigLIP 2 NaFlex weights ({args.weights}): their SavedModel "
                      "takes encoded images, each resized to its own grid of at most --max-num-patches patches, and "
-                     "serves the pooled embedding (serving_default, embed) and with --signatures features the "
-                     "tokens.")
+                     "serves the pooled embedding (serving_default, embed), or with --class-embeddings a zero-shot "
+                     "classifier of it, and with --signatures features the tokens.")
+    if head_flags and not args.class_embeddings:
+        parser.error(f"{head_flags[0]} needs --class-embeddings: SigLIP 2 NaFlex weights serve their embedding, or "
+                     "a zero-shot classifier of the class embeddings given.")
     from keras_vit import naflex
     from keras_vit.export import naflex_serving
 
     budget = args.max_num_patches
     if budget is None:
         budget = file.preprocessing.get("max_num_patches", 256)
+    import numpy as np
+
+    class_names = Path(args.class_names).read_text(encoding="utf-8").splitlines() if args.class_names else None
+    class_embeddings = np.load(args.class_embeddings) if args.class_embeddings else None
     path = naflex_serving.export_naflex_saved_model(
         naflex.NaFlexViT(weights=file), args.out, max_num_patches=budget, version=args.version,
         overwrite=args.overwrite, max_pixels=args.max_pixels, max_batch=args.max_batch, signatures=signatures,
-        l2_normalize=args.l2_normalize, serving_kernels=args.serving_kernels)
+        l2_normalize=args.l2_normalize, serving_kernels=args.serving_kernels,
+        class_embeddings=class_embeddings, logit_scale=args.logit_scale, logit_bias=args.logit_bias,
+        top_k=args.top_k, class_names=class_names)
     names = ", ".join(naflex_serving.signature_names(signatures))
-    print(f"Wrote SavedModel {path} (SigLIP 2 NaFlex, at most {budget} patches per image; signatures: {names}).")
+    head = "" if class_embeddings is None else (
+        f"; serving_default a zero-shot classifier of {len(class_embeddings)} classes")
+    print(f"Wrote SavedModel {path} (SigLIP 2 NaFlex, at most {budget} patches per image{head}; signatures: "
+          f"{names}).")
     return 0
 
 

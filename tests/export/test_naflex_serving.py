@@ -178,19 +178,28 @@ def test_the_command_reads_a_naflex_folder_once(tmp_path, capsys, monkeypatch):
     assert model.name == "naflex_vit" and options["max_num_patches"] == 64  # the processor's budget
     with pytest.raises(SystemExit):
         export_cli.main(["--weights", CASE, "--out", str(tmp_path / "x"), "--top-k", "3"])
-    assert "--top-k does not apply to SigLIP 2 NaFlex weights" in capsys.readouterr().err
+    assert "--top-k needs --class-embeddings" in capsys.readouterr().err
 
 
 def test_flags_of_image_models_are_refused_by_name(tmp_path, capsys):
     """Each writes nothing; --max-num-patches is refused for an image model."""
     for flags, flag in ((["--image-size", "64"], "--image-size"), (["--pooling", "avg"], "--pooling"),
-                        (["--signatures", "explain"], "--signatures explain"), (["--top-k", "3"], "--top-k"),
+                        (["--signatures", "explain"], "--signatures explain"), (["--feature-blocks", "2"],
+                                                                                 "--feature-blocks"),
                         (["--format", "onnx"], "--format onnx"), (["--format", "openvino"], "--format openvino"),
                         (["--precision", "bfloat16"], "--precision bfloat16"), (["--any-size"], "--any-size")):
         with pytest.raises(SystemExit) as stopped:
             export_cli.main(["--weights", CASE, "--out", str(tmp_path / "x"), *flags])
         assert stopped.value.code == 2
         assert f"{flag} does not apply to SigLIP 2 NaFlex weights" in capsys.readouterr().err
+    names = tmp_path.parent / f"{tmp_path.name}_names.txt"
+    names.write_text("a\nb\n")
+    for flags, flag in ((["--top-k", "3"], "--top-k"), (["--class-names", str(names)], "--class-names"),
+                        (["--logit-scale", "10"], "--logit-scale"), (["--logit-bias", "-1"], "--logit-bias")):
+        with pytest.raises(SystemExit) as stopped:  # the zero-shot head's flags, without its class embeddings
+            export_cli.main(["--weights", CASE, "--out", str(tmp_path / "x"), *flags])
+        assert stopped.value.code == 2
+        assert f"{flag} needs --class-embeddings" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         export_cli.main(["--weights", os.path.join(FOLDER, "hf_siglip_256"), "--out", str(tmp_path / "x"),
                          "--max-num-patches", "64"])
@@ -198,3 +207,57 @@ def test_flags_of_image_models_are_refused_by_name(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="`max_num_patches` must be a positive int"):
         naflex_serving.naflex_archive(naflex.NaFlexViT(weights=CASE), 0)
+
+
+def test_zero_shot_classifier_scores_the_served_embedding(served, tmp_path, capsys):
+    """--class-embeddings: serving_default and serving_bytes give softmax(logit_scale * cos(embedding, class) +
+    logit_bias) of what `embed` serves, its top-k classes and their names; each image of a mixed batch as alone."""
+    plain, _ = served[64]
+    width = plain.predict("embed", request(0))["embedding"].shape[-1]
+    classes = np.random.default_rng(3).normal(size=(7, width)).astype("float32")
+    np.save(tmp_path / "classes.npy", classes)
+    (tmp_path / "names.txt").write_text("".join(f"class {i}\n" for i in range(7)))
+    out = tmp_path / "zero_shot"
+    assert export_cli.main(["--weights", CASE, "--out", str(out), "--max-batch", str(MAX_BATCH),
+                            "--class-embeddings", str(tmp_path / "classes.npy"), "--class-names",
+                            str(tmp_path / "names.txt"), "--logit-scale", "10", "--logit-bias", "-2",
+                            "--top-k", "3"]) == 0
+    assert "serving_default a zero-shot classifier of 7 classes" in capsys.readouterr().out
+    server = TF1Server(out / "1")
+    embedding = server.predict("embed", request(*range(5)))["embedding"].astype(np.float64)
+    np.testing.assert_allclose(embedding, plain.predict("embed", request(*range(5)))["embedding"], atol=1e-6)
+    unit = lambda rows: rows / np.linalg.norm(rows, axis=-1, keepdims=True)  # noqa: E731
+    logits = 10 * unit(embedding) @ unit(classes.astype(np.float64)).T - 2
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    top3 = np.argsort(-probabilities, axis=-1)[:, :3]
+    for name in ("serving_default", "serving_bytes"):
+        served_out = server.predict(name, request(*range(5)))
+        np.testing.assert_allclose(served_out["logits"], logits, atol=1e-4)
+        np.testing.assert_allclose(served_out["probabilities"], probabilities, atol=1e-5)
+        np.testing.assert_array_equal(served_out["classes"], top3)
+        np.testing.assert_allclose(served_out["scores"], np.take_along_axis(probabilities, top3, -1), atol=1e-5)
+        assert [[name.decode() for name in row] for row in served_out["class_names"]] == [
+            [f"class {i}" for i in row] for row in top3]
+    for index in range(5):
+        alone = server.predict("serving_default", request(index))["logits"][0]
+        np.testing.assert_allclose(alone, server.predict("serving_default", request(*range(5)))["logits"][index],
+                                   atol=1e-5)
+    metadata = saved_model.read_metadata(out / "1")
+    assert metadata["zero_shot"] == {"classes": 7, "logit_scale": 10.0, "logit_bias": -2.0, "top_k": 3,
+                                     "class_names": True}
+    assert saved_model.read_metadata(served[64][1])["zero_shot"] is None
+
+
+def test_zero_shot_inputs_are_checked_before_anything_is_traced():
+    model = naflex.NaFlexViT(weights=CASE)
+    width = model.output["embedding"].shape[-1]
+    with pytest.raises(ValueError, match=rf"class_embeddings must be \(classes, {width}\) to match the embedding "
+                                         r"of model 'naflex_vit'\. Received shape: \(3, 5\)"):
+        naflex_serving.naflex_archive(model, 64, class_embeddings=np.ones((3, 5)))
+    with pytest.raises(ValueError, match=r"rows \[1\] are zero vectors"):
+        naflex_serving.naflex_archive(model, 64, class_embeddings=np.eye(2, width) * [[1], [0]])
+    with pytest.raises(ValueError, match=r"Expected 2 class names \(one per model class\)\. Received 3\."):
+        naflex_serving.naflex_archive(model, 64, class_embeddings=np.eye(2, width), class_names=["a", "b", "c"])
+    with pytest.raises(ValueError, match="class_names name the classes of class_embeddings"):
+        naflex_serving.naflex_archive(model, 64, class_names=["a"])
