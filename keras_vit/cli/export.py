@@ -211,6 +211,12 @@ def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, si
                    file: naflex_file.NaFlexFile) -> int:
     """SigLIP 2 NaFlex --weights (`file`, read once): its SavedModel from encoded images
     (`keras_vit.export.naflex_serving`); the flags of image models are refused by name."""
+    if file.source == "timm":
+        parser.error(f"{args.weights} is a timm NaFlexVit, whose images timm resizes with its own NaFlex transform "
+                     "(ResizeToSequence: its size search, its pretrained_cfg's interpolation), which keras-vit-export "
+                     "does not implement: it serves transformers' Siglip2ImageProcessor rule. The same weights "
+                     "saved by transformers (Siglip2VisionModel) export; VisionTransformer(weights=...) builds this "
+                     "file's model.")
     changed = [f"--{name.replace('_', '-')}" for name in ("top_k", "feature_blocks", "logit_scale", "logit_bias")
                if getattr(args, name) != parser.get_default(name)]
     head_flags = [flag for flag in ("--class-names", *changed) if flag != "--feature-blocks" and (

@@ -20,11 +20,11 @@ import keras_vit
 from keras_vit import model_files
 from keras_vit.features import features_model
 from keras_vit.checkpoints.reader import read_checkpoint
-from tests.data.make_family_files import FOLDER, NAFLEX_PREFIX, PHOTO, PHOTOS, random_inputs
+from tests.data.make_family_files import FOLDER, NAFLEX_FOLDERS, PHOTO, PHOTOS, random_inputs
 
 # The image-model families (SigLIP 2 NaFlex, whose model takes patch sequences: tests/checkpoints/test_naflex.py).
 CASES = sorted(name for name in os.listdir(FOLDER) if os.path.isdir(os.path.join(FOLDER, name))
-               and not name.startswith(NAFLEX_PREFIX))
+               and name not in NAFLEX_FOLDERS)
 # Converted to LiteRT too: one folder per graph the converter sees (plain; distilled; registers and layer scale; quick
 # GELU; the MAP head; DINOv3's and EVA-02's rotary blocks), from both libraries' layouts. The others' LiteRT file is
 # the same graph at another size, read by the same code as their SavedModel's size (checked for every folder).

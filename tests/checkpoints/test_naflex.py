@@ -17,7 +17,7 @@ import keras_vit
 from keras_vit import naflex
 from keras_vit.layers.naflex import NaFlexPositionEmbedding
 from keras_vit.variants import ViTConfig
-from tests.data.make_family_files import FOLDER, NAFLEX, NAFLEX_BUDGETS, NAFLEX_SHAPES
+from tests.data.make_family_files import FOLDER, NAFLEX, NAFLEX_BUDGETS, NAFLEX_SHAPES, TIMM_NAFLEX
 
 CASE = os.path.join(FOLDER, NAFLEX)
 PATCH = 8
@@ -249,3 +249,49 @@ def test_a_naflex_folder_is_read_once_for_its_model(monkeypatch):
             counts.__setitem__(name, counts.get(name, 0) + 1), real(*args, **kwargs))[1])
     model = keras_vit.VisionTransformer(weights=CASE)
     assert counts == {"read_header": 1, "read_json": 2} and model.name == "naflex_vit"
+
+
+# --- timm's NaFlexVit of the same weights (`python -m tests.data.make_family_files timm_naflex`) ---
+
+TIMM_CASE = os.path.join(FOLDER, TIMM_NAFLEX)
+
+
+def test_timm_naflexvit_file_matches_timm_and_transformers(model, reference):
+    """timm's `naflexvit_base_patch16_siglip` file of the transformers folder's weights: keras_vit's model of it
+    equals timm's pooled output on each picture at both budgets (and so transformers', which timm's equals: the
+    generator checks it) and holds the same weights as the transformers folder's model."""
+    timm_model = keras_vit.VisionTransformer(weights=TIMM_CASE)
+    with np.load(os.path.join(TIMM_CASE, "reference.npz")) as arrays:
+        timm_reference = dict(arrays)
+    for budget in NAFLEX_BUDGETS:
+        for index in range(len(NAFLEX_SHAPES)):
+            suffix = f"_{index}_{budget}"
+            outputs = timm_model(reference_inputs(reference, [index], budget), training=False)
+            assert relative(outputs["embedding"][0], timm_reference["pooled" + suffix]) < TOLERANCE, suffix
+            assert relative(outputs["embedding"][0], reference["pooler_output" + suffix]) < TOLERANCE, suffix
+    ours, theirs = ({variable.path.split("/", 1)[-1]: to_numpy(variable) for variable in m.weights}
+                    for m in (timm_model, model))
+    assert ours.keys() == theirs.keys()
+    for path, value in ours.items():
+        np.testing.assert_array_equal(value, theirs[path], err_msg=path)
+
+
+def copy_timm_case(folder, **model_args) -> str:
+    shutil.copytree(TIMM_CASE, folder)
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config["architecture"] = model_args.pop("architecture", config["architecture"])
+    config["model_args"].update(model_args)
+    path.write_text(json.dumps(config))
+    return str(folder)
+
+
+def test_timm_naflexvit_options_not_implemented_are_refused_by_name(tmp_path):
+    """(keras-vit-export's refusal of timm's files: tests/export/test_naflex_serving.py.)"""
+    with pytest.raises(ValueError, match=r"timm's naflexvit_base_patch16_map is not implemented; keras_vit reads "
+                                         r"timm's SigLIP 2 NaFlexVit entry points \(naflexvit_base_patch16_siglip"):
+        keras_vit.VisionTransformer(weights=copy_timm_case(tmp_path / "a", architecture="naflexvit_base_patch16_map"))
+    with pytest.raises(ValueError, match=r"model_args pos_embed_interp_mode='bicubic' is not implemented"):
+        keras_vit.VisionTransformer(weights=copy_timm_case(tmp_path / "b", pos_embed_interp_mode="bicubic"))
+    with pytest.raises(ValueError, match=r"model_args reg_tokens=4, qk_norm=True is not implemented"):
+        keras_vit.VisionTransformer(weights=copy_timm_case(tmp_path / "c", reg_tokens=4, qk_norm=True))

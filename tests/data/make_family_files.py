@@ -26,7 +26,8 @@ torchvision) is computed by its arithmetic (`dinov3_processor`); timm's evaluati
 short side to floor(size / crop_pct), torchvision's CenterCrop (offsets rounded), ToTensor, Normalize.
 hf_siglip2_naflex_p8 (`siglip2_naflex_case`, alone: `python -m tests.data.make_family_files siglip2_naflex`) holds
 a SigLIP 2 NaFlex tower, its five test JPEGs and its own reference.npz (described there), for
-tests/checkpoints/test_naflex.py.
+tests/checkpoints/test_naflex.py; timm_naflexvit_siglip_p8 (`timm_naflex_case`, alone: `... timm_naflex`) the same
+weights as timm's NaFlexVit saves them.
 """
 
 from __future__ import annotations
@@ -292,8 +293,9 @@ def dinov3_cases(photos: list[Image.Image]) -> None:
 
 # --- SigLIP 2 NaFlex (transformers) ---
 
-NAFLEX_PREFIX = "hf_siglip2_naflex"  # folders whose model takes patch sequences, not images
-NAFLEX = NAFLEX_PREFIX + "_p8"
+NAFLEX = "hf_siglip2_naflex_p8"
+TIMM_NAFLEX = "timm_naflexvit_siglip_p8"  # hf_siglip2_naflex_p8's weights under timm's NaFlexVit names
+NAFLEX_FOLDERS = (NAFLEX, TIMM_NAFLEX)  # folders whose model takes patch sequences, not images
 NAFLEX_BUDGETS = (64, 37)  # the processor's max_num_patches, and another
 # (height, width): aspect ratios 1:3, 3:4, 1:1, 16:5 (width:height), and a tiny one that grows to a few patches.
 NAFLEX_SHAPES = ((300, 100), (240, 320), (250, 250), (160, 512), (20, 45))
@@ -367,6 +369,88 @@ def siglip2_naflex_case() -> None:
     np.savez_compressed(os.path.join(folder, "reference.npz"), **arrays)
     meta = dict(source="transformers", family="siglip2_naflex", budgets=list(NAFLEX_BUDGETS),
                 shapes=[list(shape) for shape in NAFLEX_SHAPES])
+    with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as file:
+        json.dump(meta, file, indent=1, sort_keys=True)
+
+
+def timm_naflex_state(hf: dict) -> dict:
+    """A transformers `Siglip2VisionModel` state dict (NumPy, without its `vision_model.` prefix) under timm's
+    NaFlexVit names: q, k, v side by side as `qkv`, the MAP head's in-projection split into `q` and `kv`, the
+    position table as (1, rows, columns, D)."""
+    width = hf["embeddings.patch_embedding.weight"].shape[0]
+    side = math.isqrt(hf["embeddings.position_embedding.weight"].shape[0])
+    state = {"embeds.proj.weight": hf["embeddings.patch_embedding.weight"],
+             "embeds.proj.bias": hf["embeddings.patch_embedding.bias"],
+             "embeds.pos_embed": hf["embeddings.position_embedding.weight"].reshape(1, side, side, width),
+             "norm.weight": hf["post_layernorm.weight"], "norm.bias": hf["post_layernorm.bias"],
+             "attn_pool.latent": hf["head.probe"],
+             "attn_pool.q.weight": hf["head.attention.in_proj_weight"][:width],
+             "attn_pool.q.bias": hf["head.attention.in_proj_bias"][:width],
+             "attn_pool.kv.weight": hf["head.attention.in_proj_weight"][width:],
+             "attn_pool.kv.bias": hf["head.attention.in_proj_bias"][width:]}
+    for ours, theirs in (("proj", "attention.out_proj"), ("norm", "layernorm"), ("mlp.fc1", "mlp.fc1"),
+                         ("mlp.fc2", "mlp.fc2")):
+        for kind in ("weight", "bias"):
+            state[f"attn_pool.{ours}.{kind}"] = hf[f"head.{theirs}.{kind}"]
+    layers = sum(key.endswith(".layer_norm1.weight") for key in hf)
+    for i in range(layers):
+        theirs, ours = f"encoder.layers.{i}.", f"blocks.{i}."
+        for kind in ("weight", "bias"):
+            state[ours + f"attn.qkv.{kind}"] = np.concatenate(
+                [hf[theirs + f"self_attn.{name}_proj.{kind}"] for name in "qkv"])
+            for a, b in (("norm1", "layer_norm1"), ("norm2", "layer_norm2"), ("attn.proj", "self_attn.out_proj"),
+                         ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")):
+                state[ours + f"{a}.{kind}"] = hf[theirs + f"{b}.{kind}"]
+    return state
+
+
+def timm_naflex_case() -> None:
+    """timm's NaFlexVit (entry point `naflexvit_base_patch16_siglip` at hf_siglip2_naflex_p8's size) holding that
+    folder's weights under timm's names (`timm_naflex_state`), saved with `save_for_hf` (its `model_args`;
+    `pretrained_cfg` with the NaFlex processor's mean and std), and reference.npz: timm's pooled output
+    `pooled_<image>_<budget>` on the transformers processor's `pixel_values` of each picture (hf_siglip2_naflex_p8's
+    reference.npz), `patch_coord` from its `spatial_shapes` (row-major (y, x)) and `patch_valid` its mask. Each is
+    checked here to equal transformers' `pooler_output`: timm resizes this entry point's table as transformers does
+    (bilinear, antialiased)."""
+    import torch
+    from safetensors.numpy import load_file
+
+    from benchmarks.torchvision_stub import import_timm
+
+    timm = import_timm()[0]
+    from timm.models._hub import save_for_hf  # after the torchvision stub
+
+    source = os.path.join(FOLDER, NAFLEX)
+    hf = {key.removeprefix("vision_model."): value
+          for key, value in load_file(os.path.join(source, "model.safetensors")).items()}
+    model_args = dict(embed_dim=TINY["hidden_size"], depth=TINY["num_hidden_layers"],
+                      num_heads=TINY["num_attention_heads"], mlp_ratio=TINY["intermediate_size"] / TINY["hidden_size"],
+                      patch_size=8, pos_embed_grid_size=(4, 4))
+    model = timm.create_model("naflexvit_base_patch16_siglip", pretrained=False, num_classes=0, **model_args).eval()
+    model.load_state_dict({key: torch.from_numpy(value) for key, value in timm_naflex_state(hf).items()}, strict=True)
+    model.pretrained_cfg = dict(model.pretrained_cfg, mean=tuple(MEAN), std=tuple(STD))
+    folder = os.path.join(FOLDER, TIMM_NAFLEX)
+    shutil.rmtree(folder, ignore_errors=True)
+    save_for_hf(model, folder, model_args=model_args, safe_serialization=True)
+    with np.load(os.path.join(source, "reference.npz")) as arrays:
+        reference = dict(arrays)
+    pooled = {}
+    for budget in NAFLEX_BUDGETS:
+        for index in range(len(NAFLEX_SHAPES)):
+            suffix = f"_{index}_{budget}"
+            rows, columns = reference["spatial_shapes" + suffix]
+            mask = reference["pixel_attention_mask" + suffix].astype(bool)
+            coords = np.zeros((len(mask), 2), np.int64)
+            coords[:rows * columns] = np.stack(np.divmod(np.arange(rows * columns), columns), axis=-1)
+            with torch.no_grad():
+                out = model(dict(patches=torch.from_numpy(reference["pixel_values" + suffix][None]),
+                                 patch_coord=torch.from_numpy(coords[None]),
+                                 patch_valid=torch.from_numpy(mask[None]))).numpy()[0]
+            expected = reference["pooler_output" + suffix]
+            assert np.abs(out - expected).max() <= 1e-5 * max(1.0, np.abs(expected).max()), suffix
+            pooled["pooled" + suffix] = out
+    np.savez_compressed(os.path.join(folder, "reference.npz"), **pooled)
+    meta = dict(source="timm", family="siglip2_naflex", weights_of=NAFLEX, budgets=list(NAFLEX_BUDGETS))
     with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as file:
         json.dump(meta, file, indent=1, sort_keys=True)
 
@@ -555,9 +639,9 @@ def dinov2_classifier_cases(image: Image.Image) -> None:
 
 
 def main() -> None:
-    """Every family's files; `python -m tests.data.make_family_files siglip2_naflex` (or `dinov3`, transformers'
-    DINOv3 folders; `timm_eva`, timm's DINOv3 and EVA-02 folders; `dinov2_classifiers`, transformers' DINOv2
-    classifiers) makes those alone."""
+    """Every family's files; `python -m tests.data.make_family_files siglip2_naflex` (with timm's NaFlexVit of the
+    same weights; `timm_naflex` that alone; `dinov3`, transformers' DINOv3 folders; `timm_eva`, timm's DINOv3 and
+    EVA-02 folders; `dinov2_classifiers`, transformers' DINOv2 classifiers) makes those alone."""
     if sys.argv[1:] == ["timm_eva"]:
         timm_eva_cases()
         return
@@ -569,6 +653,10 @@ def main() -> None:
         return
     if sys.argv[1:] == ["siglip2_naflex"]:
         siglip2_naflex_case()
+        timm_naflex_case()
+        return
+    if sys.argv[1:] == ["timm_naflex"]:
+        timm_naflex_case()
         return
     photos = photographs()
     image = photos[0]
@@ -578,6 +666,7 @@ def main() -> None:
     timm_cases(image)
     timm_eva_cases()
     siglip2_naflex_case()
+    timm_naflex_case()
     transformers_resize_sizes()
     for root, _, files in sorted(os.walk(FOLDER)):
         for name in sorted(files):

@@ -12,7 +12,7 @@ from keras_vit import naflex
 from keras_vit.cli import export as export_cli
 from keras_vit.export import naflex_serving, saved_model
 from tests import images as odd
-from tests.data.make_family_files import FOLDER, NAFLEX, NAFLEX_BUDGETS, NAFLEX_SHAPES
+from tests.data.make_family_files import FOLDER, NAFLEX, NAFLEX_BUDGETS, NAFLEX_SHAPES, TIMM_NAFLEX
 from tests.testing import TF1Server
 
 CASE = os.path.join(FOLDER, NAFLEX)
@@ -261,3 +261,13 @@ def test_zero_shot_inputs_are_checked_before_anything_is_traced():
         naflex_serving.naflex_archive(model, 64, class_embeddings=np.eye(2, width), class_names=["a", "b", "c"])
     with pytest.raises(ValueError, match="class_names name the classes of class_embeddings"):
         naflex_serving.naflex_archive(model, 64, class_names=["a"])
+
+
+def test_a_timm_naflexvit_file_is_refused_by_name(tmp_path, capsys):
+    """timm resizes a NaFlexVit's images with its own transform (its size search, bicubic), not transformers'
+    Siglip2ImageProcessor rule that the SavedModel applies: the command says so and writes nothing."""
+    with pytest.raises(SystemExit) as stopped:
+        export_cli.main(["--weights", os.path.join(FOLDER, TIMM_NAFLEX), "--out", str(tmp_path / "served")])
+    assert stopped.value.code == 2
+    assert "is a timm NaFlexVit, whose images timm resizes with its own NaFlex transform" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
