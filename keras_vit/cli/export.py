@@ -219,8 +219,8 @@ def _export_naflex(parser: argparse.ArgumentParser, args: argparse.Namespace, si
                      "file's model.")
     changed = [f"--{name.replace('_', '-')}" for name in ("top_k", "feature_blocks", "logit_scale", "logit_bias")
                if getattr(args, name) != parser.get_default(name)]
-    head_flags = [flag for flag in ("--class-names", *changed) if flag != "--feature-blocks" and (
-        flag != "--class-names" or args.class_names)]
+    head_flags = (["--class-names"] if args.class_names else []) + [flag for flag in changed
+                                                                     if flag != "--feature-blocks"]
     refused = [flag for flag, given in (
         ("--variant", args.variant), ("--image-size", args.image_size), ("--classes", args.classes),
         ("--pooling", args.pooling), ("--any-size", args.any_size),
