@@ -522,3 +522,5 @@ def test_onednn_ops_sums_the_timed_primitives_of_the_verbose_log():
     assert table.index("convolution") < table.index("reorder") < table.index("inner_product")  # largest first
     assert "| convolution | brgconv_1x1:avx10_1_512_amx | bf16 | 2 | 5.00 | 50.0% |" in table
     assert "| (all oneDNN) | | | | 7.00 | 70.0% |" in table and "| (outside oneDNN) | | | | 3.00 | 30.0% |" in table
+    assert "sum past it" not in table
+    assert "oneDNN's times sum past it" in onednn_ops.table(by_kind, 6.0, calls=1)  # ops that ran at once
