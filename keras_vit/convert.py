@@ -51,7 +51,8 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
             to the architecture read from the checkpoint.
         num_heads: optional number of heads, for a `.safetensors` model not in the variant table (a Hugging
             Face `config.json` beside the file gives it).
-        image_size: optional (height, width). Defaults to the checkpoint's.
+        image_size: optional (height, width). Defaults to the size the files declare (the processor's crop or
+            fixed size, timm's `input_size`, else the position table's), as `VisionTransformer(weights=...)` builds.
         layer_norm_epsilon, gelu_approximate, activation: the numerics no timm file records (a CLIP: 1e-5 and
             `"quick_gelu"`); as `keras_vit.VisionTransformer`.
 
@@ -65,17 +66,17 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
     file.check_image_model("keras-vit-convert")
     found = file.architecture(num_heads=1)  # the head, pooling and input size; the model reads the heads itself
     takes_pixels = file.layout is None or file.preprocessing is not None
-    image_size = image_size or (found["image_size"],) * 2
     classes = found["classes"]
-    model = models.VisionTransformer(
-        variant, weights=file, num_heads=num_heads, input_shape=(*image_size, 3), classifier_activation=None,
+    model = models.VisionTransformer(  # without image_size, at the size the files declare (as the other commands)
+        variant, weights=file, num_heads=num_heads, input_shape=(*image_size, 3) if image_size else None,
+        classifier_activation=None,
         include_top=classes is not None, classes=classes or 1000, representation_size=found["representation_size"],
         pooling=None if classes else file.pooling,
         include_preprocessing=takes_pixels, layer_norm_epsilon=layer_norm_epsilon,
         gelu_approximate=gelu_approximate, activation=activation)
     converted = _write_read_back(model, output)
     low, high = (0.0, 255.0) if takes_pixels else (-1.0, 1.0)
-    images = np.random.default_rng(0).uniform(low, high, (2, *image_size, 3)).astype("float32")
+    images = np.random.default_rng(0).uniform(low, high, (2, *model.inputs[0].shape[1:3], 3)).astype("float32")
     difference = np.abs(np.asarray(converted(images), np.float64) - np.asarray(model(images), np.float64)).max()
     return model, float(difference)
 

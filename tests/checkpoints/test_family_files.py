@@ -74,6 +74,21 @@ def test_built_at_the_files_own_size_with_its_own_transform(name):
     assert tuple(tool_model.input_shape[1:3]) == tuple(meta["native_size"])
 
 
+@pytest.mark.parametrize("name", ["hf_dinov2_224", "timm_dinov3_112"])
+def test_convert_writes_the_file_at_its_own_size(tmp_path, capsys, name):
+    """keras-vit-convert without --image-size builds at the size the files declare, as the other commands do: it
+    built a transformers DINOv2 file (table 256, processor crop 224) at 256, and failed on every DINOv3 file (no
+    table: KeyError 'image_size'). The written file, read back, gives the source library's output."""
+    from keras_vit.cli import convert as convert_cli
+
+    folder, meta, reference = case(name)
+    assert convert_cli.main([folder, str(tmp_path / "model.keras")]) == 0
+    height, width = meta["native_size"]
+    assert f"input {height}x{width}" in capsys.readouterr().out
+    model = keras.saving.load_model(tmp_path / "model.keras")
+    assert_agrees(model.predict_on_batch(reference["pixels"].astype("float32")), reference["output"], name)
+
+
 def patch_tokens(model) -> keras.Model:
     """The model's patch tokens after its final norm (an fc_norm model has none: its tokens, as timm's
     `forward_features`)."""
