@@ -148,7 +148,7 @@ TIMM_EVA_IMPLEMENTED = {
 }
 
 
-def _timm_model_args(config: dict | None) -> dict:
+def timm_model_args(config: dict | None) -> dict:
     """The `model_args` of timm's `config.json` (`config`), {} where it has none."""
     model_args = (config or {}).get("model_args")
     return model_args if isinstance(model_args, dict) else {}
@@ -161,7 +161,7 @@ def read_timm_config(files: Beside, hidden_dim: int) -> dict:
     config = files.config
     if config is None or not isinstance(config.get("model_args", {}), dict):
         return {}
-    model_args = _timm_model_args(config)
+    model_args = timm_model_args(config)
     found = {field: model_args[key] for key, field in TIMM_ARCHITECTURE.items()
              if isinstance(model_args.get(key), int) and not isinstance(model_args.get(key), bool)}
     heads = model_args.get("num_heads")
@@ -176,7 +176,12 @@ def read_timm_config(files: Beside, hidden_dim: int) -> dict:
 def timm_architecture(files: Beside) -> str:
     """The entry point timm's `config.json` beside a weights file names (`architecture`, without a tag); "" where
     there is none."""
-    name = (files.config or {}).get("architecture")
+    return timm_architecture_of(files.config)
+
+
+def timm_architecture_of(config: dict | None) -> str:
+    """`timm_architecture` of a `config.json` already read (a dict, or None)."""
+    name = (config or {}).get("architecture")
     return name.split(".")[0] if isinstance(name, str) else ""
 
 
@@ -184,7 +189,7 @@ def timm_pooling(files: Beside) -> str | None:
     """The `global_pool` timm's `config.json` beside a weights file gives its model (`"avg"`, `"token"`, `"map"`),
     or None."""
     config = files.config or {}
-    pool = _timm_model_args(config).get("global_pool", config.get("global_pool"))
+    pool = timm_model_args(config).get("global_pool", config.get("global_pool"))
     return pool if pool in ("avg", "token", "map") else None
 
 
@@ -215,7 +220,7 @@ def read_timm_eva_config(files: Beside, gated: bool) -> dict:
                          "Perception Encoder are not). Supported from timm's eva.py: the DINOv3 entry points "
                          "(vit_small_patch16_dinov3, ..., *_qkvb) and EVA-02's image models (eva02_tiny_patch14_224, "
                          "..., eva02_large_patch14_448); nothing was loaded.")
-    model_args = _timm_model_args(files.config)
+    model_args = timm_model_args(files.config)
     for key, values in TIMM_EVA_IMPLEMENTED[family].items():
         if key in model_args and model_args[key] not in values:
             raise ValueError(f"{files.path(CONFIG)!r}: {name} with {key}={model_args[key]!r} computes what "

@@ -16,7 +16,7 @@ import math
 import os
 from typing import Any
 
-from keras_vit.checkpoints import config_files, locate, safetensors_file, torch_layout
+from keras_vit.checkpoints import config_files, locate, preprocessing, safetensors_file, torch_layout
 
 MODEL_TYPES = ("siglip2_vision_model", "siglip2")
 LAYOUT = "huggingface-siglip2-naflex"  # `CheckpointFile.layout` of such a file
@@ -72,17 +72,11 @@ def _weights_file(weights) -> str | None:
     return path if os.path.isfile(path) else None
 
 
-def _timm_architecture(config: dict | None) -> str:
-    """The entry point a timm `config.json` names (without a tag), "" where it names none."""
-    name = (config or {}).get("architecture")
-    return name.split(".")[0] if isinstance(name, str) else ""
-
-
 def is_naflex_config(config: dict | None) -> bool:
     """Whether a `config.json` (as a dict, or None) is a SigLIP 2 (NaFlex) transformers model's or a timm NaFlexVit's
     (any entry point: those keras_vit does not implement are refused by name when read)."""
     return bool(config) and (config.get("model_type") in MODEL_TYPES or
-                             _timm_architecture(config).startswith("naflexvit"))
+                             config_files.timm_architecture_of(config).startswith("naflexvit"))
 
 
 def is_naflex_checkpoint(weights) -> bool:
@@ -121,7 +115,7 @@ def read_naflex_checkpoint(weights: str) -> NaFlexFile:
 def naflex_file_of(path: str, files: config_files.Beside) -> NaFlexFile:
     """`read_naflex_checkpoint` of the weights file `path` whose config.json is a SigLIP 2 one, from the JSON files
     beside it as `files` has read them (the checkpoint reader's, so that each is read once)."""
-    if _timm_architecture(files.config):
+    if config_files.timm_architecture(files):
         return _timm_naflex_file(path, files)
     config = files.config
     config = config.get("vision_config", config) if config["model_type"] == "siglip2" else config
@@ -153,20 +147,20 @@ def naflex_file_of(path: str, files: config_files.Beside) -> NaFlexFile:
                   activation=numerics.get("activation", "gelu"),
                   gelu_approximate=numerics.get("gelu_approximate", True))
     processor = files.processor
-    preprocessing = read_processor(processor, os.path.join(os.path.dirname(path), config_files.PROCESSOR),
-                                   patch_size) if processor is not None else {}
-    return NaFlexFile(path, fields, (side, side), preprocessing, header)
+    declared = read_processor(processor, os.path.join(os.path.dirname(path), config_files.PROCESSOR),
+                              patch_size) if processor is not None else {}
+    return NaFlexFile(path, fields, (side, side), declared, header)
 
 
 def _timm_naflex_file(path: str, files: config_files.Beside) -> NaFlexFile:
     """`naflex_file_of` for a timm NaFlexVit: the architecture from the weights, the heads from `model_args` or the
     entry point, the normalization from `pretrained_cfg`; ValueError for an entry point or option not implemented."""
     config, origin = files.config, os.path.join(os.path.dirname(path), config_files.CONFIG)
-    name = _timm_architecture(config)
+    name = config_files.timm_architecture_of(config)
     if name not in TIMM_ARCHITECTURES:
         raise ValueError(f"{origin!r}: timm's {name} is not implemented; keras_vit reads timm's SigLIP 2 NaFlexVit "
                          f"entry points ({', '.join(TIMM_ARCHITECTURES)}).")
-    model_args = config.get("model_args") if isinstance(config.get("model_args"), dict) else {}
+    model_args = config_files.timm_model_args(config)
     unsupported = [f"{key}={value!r}" for key, value in model_args.items()
                    if key not in _TIMM_SIZES and value not in _TIMM_FIXED.get(key, ())]
     if unsupported:
@@ -192,9 +186,8 @@ def _timm_naflex_file(path: str, files: config_files.Beside) -> NaFlexFile:
     fields = dict(patch_size=patch_size, hidden_dim=int(patch[0]), mlp_dim=int(shapes["blocks.0.mlp.fc1.weight"][0]),
                   num_heads=int(heads), num_layers=sum(key.endswith(".norm1.weight") for key in shapes),
                   classifier="map", layer_norm_epsilon=1e-6, activation="gelu", gelu_approximate=True)
-    pretrained = config.get("pretrained_cfg") if isinstance(config.get("pretrained_cfg"), dict) else {}
-    normalization = {f"image_{key}": tuple(float(v) for v in pretrained[key]) for key in ("mean", "std")
-                     if isinstance(pretrained.get(key), (list, tuple)) and len(pretrained[key]) == 3}
+    pretrained = config.get("pretrained_cfg")
+    normalization = preprocessing.timm_normalization(pretrained, origin) if isinstance(pretrained, dict) else {}
     return NaFlexFile(path, fields, (int(position[1]), int(position[2])), normalization, header, source="timm")
 
 

@@ -160,11 +160,17 @@ def from_timm_config(config: dict, origin: str) -> Declared:
             raise ValueError(f"{origin!r}: input_size={input_size!r}; expected [channels, height, width].")
         image_size = tuple(_positive_int(side, "input_size", origin) for side in input_size[1:])
     # timm's rule at every size: floor(size / crop_pct) in floating point (`resize_size` None).
-    fields = {"image_mean": _channels(config.get("mean"), "mean", origin),
-              "image_std": _channels(config.get("std"), "std", origin),
+    fields = {**timm_normalization(config, origin),
               "resize_mode": TIMM_CROP_MODES[crop_mode], "crop_fraction": float(crop_pct), "resize_size": None,
               "interpolation": TIMM_INTERPOLATION[interpolation], "crop_offset": "round"}
     return Declared(fields, origin, image_size)
+
+
+def timm_normalization(config: dict, origin: str) -> dict[str, tuple[float, float, float]]:
+    """`image_mean` and `image_std` of timm's `pretrained_cfg` (its `mean` and `std`); ValueError unless each is 3
+    numbers (or one, for every channel)."""
+    return {"image_mean": _channels(config.get("mean"), "mean", origin),
+            "image_std": _channels(config.get("std"), "std", origin)}
 
 
 def _channels(values, key: str, origin: str) -> tuple[float, float, float]:
