@@ -176,10 +176,9 @@ def naflex_archive(model: keras.Model, max_num_patches: int, *, max_pixels: int 
                     "spatial_shapes": inputs["spatial_shapes"]}
 
     def classify(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
-        with kernels.served_on(serving_kernels):
-            embedding = model(inputs_of(image_bytes), training=False)["embedding"]
-            logits = tf.math.l2_normalize(tf.cast(embedding, tf.float32), axis=-1) @ kernel + bias
-            return serving.predictions(logits, top_k, class_names)
+        embedding = tf.cast(embed(image_bytes)["embedding"], tf.float32)
+        logits = tf.math.l2_normalize(embedding, axis=-1) @ kernel + bias
+        return serving.predictions(logits, top_k, class_names)
 
     archive = model_io.export_archive(model)
     spec = [tf.TensorSpec((None,), tf.string, serving.BYTES_KEY)]
@@ -233,7 +232,8 @@ def export_naflex_saved_model(model: keras.Model, base_dir: str | os.PathLike, *
     names = signature_names(signatures)
     zero_shot = None if class_embeddings is None else {
         "classes": len(class_embeddings), "logit_scale": logit_scale, "logit_bias": logit_bias,
-        "top_k": min(top_k, len(class_embeddings)), "class_names": class_names is not None}
+        "top_k": serving.checked_top_k(top_k, len(class_embeddings), class_names),
+        "class_names": class_names is not None}
     metadata = {"model": "naflex", "max_num_patches": max_num_patches, "patch_size": patch_size_of(model),
                 "image_size": None, "max_pixels": max_pixels, "max_batch": max_batch, "l2_normalize": l2_normalize,
                 "serving_kernels": serving_kernels, "image_formats": list(image_io.FORMATS), "signatures": names,
