@@ -5,10 +5,11 @@
 Every signature takes `image_bytes` (a batch of JPEG / PNG / GIF / BMP strings, bounded as `serving_bytes`:
 `max_batch` images, each checked for `max_pixels` from its header before it is decoded, `keras_vit.image_io`) and
 applies `Siglip2ImageProcessor`'s rule inside the graph, one image at a time: the image keeps its aspect ratio,
-resized to the largest grid of at most `max_num_patches` patches (`naflex_image_size`, the same binary search as
-`keras_vit.naflex.naflex_image_size` in float64), bilinearly (`tf.image.resize(..., antialias=True)`, PIL's
-triangle filter in float32, not rounded: PIL resizes uint8 in fixed point, so values differ from its by at most
-one level), cut into row-major patches padded to the budget with their mask and grid (`naflex_patches`).
+resized to the largest grid of at most `max_num_patches` patches (`image_io.naflex_image_size`, the same binary
+search as `keras_vit.naflex.naflex_image_size` in float64), bilinearly (`tf.image.resize(..., antialias=True)`,
+PIL's triangle filter in float32, not rounded: PIL resizes uint8 in fixed point, so values differ from its by at
+most one level), cut into row-major patches padded to the budget with their mask and grid
+(`image_io.naflex_patches`, which keras-vit-train's NaFlex batches use too).
 
 - `serving_default`, `serving_bytes`, `embed`: `{"embedding": (batch, D)}`, the MAP head's pooled vector
   (`pooler_output`), L2-normalized with `l2_normalize`; with `class_embeddings`, `serving_default` and
@@ -43,55 +44,7 @@ from . import model_io, saved_model, serving
 
 SIGNATURES = ("embed", "features")  # what `signatures=` may ask for; embed is always served
 RESIZE = "bilinear, antialiased (tf.image.resize in float32, not rounded to uint8 as PIL's), aspect ratio kept"
-_EPS = 1e-5  # transformers' `get_image_size_for_max_num_patches` default
 _WARMUP_SIZE = (48, 80)
-
-
-def naflex_image_size(height, width, patch_size: int, max_num_patches, eps: float = _EPS) -> tf.Tensor:
-    """int32 (..., 2): the (height, width) each image is resized to, elementwise over `height`, `width` (and
-    `max_num_patches` where it is a tensor): `keras_vit.naflex.naflex_image_size` in graph ops, the same binary
-    search on the scale in float64, each element stopping where the NumPy loop stops."""
-    height, width = tf.cast(height, tf.float64), tf.cast(width, tf.float64)
-    budget = tf.cast(max_num_patches, tf.float64)
-    patch = tf.constant(float(patch_size), tf.float64)
-    zeros = tf.zeros_like(height + width + budget)  # the broadcast shape, static where the inputs' are
-
-    def scaled(scale: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
-        return tf.maximum(patch, tf.math.ceil(size * scale / patch) * patch)
-
-    def searching(low: tf.Tensor, high: tf.Tensor) -> tf.Tensor:
-        return high - low >= eps
-
-    def step(low: tf.Tensor, high: tf.Tensor):
-        scale = (low + high) / 2.0
-        fits = (scaled(scale, height) / patch) * (scaled(scale, width) / patch) <= budget
-        going = searching(low, high)
-        return (tf.where(going & fits, scale, low), tf.where(going & ~fits, scale, high))
-
-    start = (zeros + eps / 10, zeros + 100.0)
-    low, _ = tf.while_loop(lambda low, high: tf.reduce_any(searching(low, high)), step, start)
-    return tf.cast(tf.stack([scaled(low, height), scaled(low, width)], axis=-1), tf.int32)
-
-
-def naflex_patches(image: tf.Tensor, patch_size: int, max_num_patches: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """One RGB image (height, width, 3) -> the model's inputs for it: `patches` (max_num_patches, patch * patch * 3)
-    float32 in [0, 255] (row-major patches flattened as (row, column, channel), zeros after them), `patch_mask`
-    (max_num_patches,) int32 and `spatial_shapes` (2,) int32, its (rows, columns) grid."""
-    height, width = tf.unstack(naflex_image_size(tf.shape(image)[0], tf.shape(image)[1], patch_size, max_num_patches))
-    size = tf.stack([height, width])  # axis 0: tf.image.resize reads a stacked size's static value only so
-    resized = tf.image.resize(image[tf.newaxis], size, method="bilinear", antialias=True)[0]
-    rows, columns = size[0] // patch_size, size[1] // patch_size
-    grid = tf.reshape(resized, (rows, patch_size, columns, patch_size, 3))
-    sequence = tf.reshape(tf.transpose(grid, (0, 2, 1, 3, 4)), (rows * columns, patch_size * patch_size * 3))
-    count = rows * columns
-    message = tf.strings.format("Image of {}x{} pixels needs {} patches of {} pixels at the smallest scale, over the "
-                                "budget of max_num_patches={} set at export; send a less elongated image.",
-                                (tf.shape(image)[0], tf.shape(image)[1], count, patch_size, max_num_patches))
-    with tf.control_dependencies([tf.debugging.Assert(count <= max_num_patches, [message])]):
-        patches = tf.pad(sequence, [[0, max_num_patches - count], [0, 0]])
-    mask = tf.cast(tf.range(max_num_patches) < count, tf.int32)
-    return (tf.ensure_shape(patches, (max_num_patches, patch_size * patch_size * 3)), mask,
-            tf.stack([rows, columns]))
 
 
 def decode(image_bytes: tf.Tensor, patch_size: int, max_num_patches: int,
@@ -103,7 +56,7 @@ def decode(image_bytes: tf.Tensor, patch_size: int, max_num_patches: int,
     signature = (tf.TensorSpec((max_num_patches, width), tf.float32), tf.TensorSpec((max_num_patches,), tf.int32),
                  tf.TensorSpec((2,), tf.int32))
     patches, mask, shapes = tf.map_fn(
-        lambda data: naflex_patches(image_io.decode_rgb(data, max_pixels), patch_size, max_num_patches),
+        lambda data: image_io.naflex_patches(image_io.decode_rgb(data, max_pixels), patch_size, max_num_patches),
         image_bytes, fn_output_signature=signature, parallel_iterations=1)
     return {"patches": patches, "patch_mask": mask, "spatial_shapes": shapes}
 

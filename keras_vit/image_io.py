@@ -26,6 +26,7 @@ DEFAULT_MAX_PIXELS = 40_000_000  # 40 megapixels: more than phone cameras' usual
 FORMATS = ("JPEG", "PNG", "GIF", "BMP")
 _HEADER_BYTES = 32
 _PNG_SIGNATURE = (0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A)
+NAFLEX_EPS = 1e-5  # transformers' `get_image_size_for_max_num_patches` default
 
 
 def _header(data: tf.Tensor) -> tf.Tensor:
@@ -164,3 +165,50 @@ def fit_to_model(images: tf.Tensor, size: tuple[int, int], *, resize_mode: str =
     top, left = offsets[0], offsets[1]
     cropped = resized[:, top:top + height, left:left + width, :]
     return tf.ensure_shape(tf.cast(cropped, tf.float32), (None, height, width, 3))
+
+
+def naflex_image_size(height, width, patch_size: int, max_num_patches, eps: float = NAFLEX_EPS) -> tf.Tensor:
+    """int32 (..., 2): the (height, width) each image is resized to, elementwise over `height`, `width` (and
+    `max_num_patches` where it is a tensor): `keras_vit.naflex.naflex_image_size` in graph ops, the same binary
+    search on the scale in float64, each element stopping where the NumPy loop stops."""
+    height, width = tf.cast(height, tf.float64), tf.cast(width, tf.float64)
+    budget = tf.cast(max_num_patches, tf.float64)
+    patch = tf.constant(float(patch_size), tf.float64)
+    zeros = tf.zeros_like(height + width + budget)  # the broadcast shape, static where the inputs' are
+
+    def scaled(scale: tf.Tensor, size: tf.Tensor) -> tf.Tensor:
+        return tf.maximum(patch, tf.math.ceil(size * scale / patch) * patch)
+
+    def searching(low: tf.Tensor, high: tf.Tensor) -> tf.Tensor:
+        return high - low >= eps
+
+    def step(low: tf.Tensor, high: tf.Tensor):
+        scale = (low + high) / 2.0
+        fits = (scaled(scale, height) / patch) * (scaled(scale, width) / patch) <= budget
+        going = searching(low, high)
+        return (tf.where(going & fits, scale, low), tf.where(going & ~fits, scale, high))
+
+    start = (zeros + eps / 10, zeros + 100.0)
+    low, _ = tf.while_loop(lambda low, high: tf.reduce_any(searching(low, high)), step, start)
+    return tf.cast(tf.stack([scaled(low, height), scaled(low, width)], axis=-1), tf.int32)
+
+
+def naflex_patches(image: tf.Tensor, patch_size: int, max_num_patches: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """One RGB image (height, width, 3) -> the model's inputs for it: `patches` (max_num_patches, patch * patch * 3)
+    float32 in [0, 255] (row-major patches flattened as (row, column, channel), zeros after them), `patch_mask`
+    (max_num_patches,) int32 and `spatial_shapes` (2,) int32, its (rows, columns) grid."""
+    height, width = tf.unstack(naflex_image_size(tf.shape(image)[0], tf.shape(image)[1], patch_size, max_num_patches))
+    size = tf.stack([height, width])  # axis 0: tf.image.resize reads a stacked size's static value only so
+    resized = tf.image.resize(image[tf.newaxis], size, method="bilinear", antialias=True)[0]
+    rows, columns = size[0] // patch_size, size[1] // patch_size
+    grid = tf.reshape(resized, (rows, patch_size, columns, patch_size, 3))
+    sequence = tf.reshape(tf.transpose(grid, (0, 2, 1, 3, 4)), (rows * columns, patch_size * patch_size * 3))
+    count = rows * columns
+    message = tf.strings.format("Image of {}x{} pixels needs {} patches of {} pixels at the smallest scale, over the "
+                                "budget of max_num_patches={}: use a less elongated image.",
+                                (tf.shape(image)[0], tf.shape(image)[1], count, patch_size, max_num_patches))
+    with tf.control_dependencies([tf.debugging.Assert(count <= max_num_patches, [message])]):
+        patches = tf.pad(sequence, [[0, max_num_patches - count], [0, 0]])
+    mask = tf.cast(tf.range(max_num_patches) < count, tf.int32)
+    return (tf.ensure_shape(patches, (max_num_patches, patch_size * patch_size * 3)), mask,
+            tf.stack([rows, columns]))

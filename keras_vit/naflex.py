@@ -13,6 +13,7 @@ which resizes with PIL, and `Siglip2VisionModel`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -23,7 +24,7 @@ from keras_vit import layers as vit_layers
 from keras_vit.checkpoints import loader, naflex_file
 from keras_vit.kernels.routed_layers import LayerNormalization
 from keras_vit.layers.naflex import NaFlexPositionEmbedding
-from keras_vit.variants import ViTConfig, pixel_normalization
+from keras_vit.variants import TRAINING_FIELDS, ViTConfig, pixel_normalization
 
 _PRECISION_BITS = 32 - 8 - 2  # PIL's fixed-point coefficients for 8-bit images (libImaging/Resample.c)
 
@@ -123,6 +124,10 @@ _UNSUPPORTED = dict(resnet_stages=None, position_embedding="learned", representa
                     fc_norm=False, gated_mlp=False, mlp_norm=False, no_embed_class=False, rope=None)
 
 
+def _without_training_fields(config: ViTConfig) -> ViTConfig:
+    return dataclasses.replace(config, **{name: getattr(ViTConfig, name) for name in TRAINING_FIELDS})
+
+
 def NaFlexViT(config: ViTConfig | None = None, *, position_grid: int | Sequence[int] = 16,
               weights: str | naflex_file.NaFlexFile | None = None, include_preprocessing: bool = True,
               image_mean: Sequence[float] = (0.5, 0.5, 0.5), image_std: Sequence[float] = (0.5, 0.5, 0.5),
@@ -136,7 +141,8 @@ def NaFlexViT(config: ViTConfig | None = None, *, position_grid: int | Sequence[
 
     Args:
         config: `ViTConfig` of the encoder (`classifier="map"`; the options of SigLIP only). Defaults to the file's
-            with `weights`.
+            with `weights`; with `weights`, it may differ from the file's in its training fields only (dropouts,
+            drop path, remat: `variants.TRAINING_FIELDS`), as a fine-tuning run sets them.
         position_grid: int or (rows, columns), the learned table's grid (`num_patches` = 256: 16). The file's with
             `weights`.
         weights: optional transformers `Siglip2VisionModel` folder (or its model.safetensors, or an `hf://` name,
@@ -157,9 +163,11 @@ def NaFlexViT(config: ViTConfig | None = None, *, position_grid: int | Sequence[
     file = weights if isinstance(weights, naflex_file.NaFlexFile) or weights is None else (
         naflex_file.read_naflex_checkpoint(weights))
     if file is not None:
-        if config is not None and config != ViTConfig(**file.config):
-            raise ValueError(f"`config` differs from that of {file.path!r}: pass one or the other.")
-        config, position_grid = ViTConfig(**file.config), file.position_grid
+        file_config = ViTConfig(**file.config)
+        if config is not None and _without_training_fields(config) != _without_training_fields(file_config):
+            raise ValueError(f"`config` differs from that of {file.path!r} beyond its training fields "
+                             f"({', '.join(TRAINING_FIELDS)}): pass one or the other.")
+        config, position_grid = config or file_config, file.position_grid
         image_mean = file.preprocessing.get("image_mean", image_mean)
         image_std = file.preprocessing.get("image_std", image_std)
     if config is None:

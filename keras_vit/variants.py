@@ -35,6 +35,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 ARCHITECTURE = ("patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers")
+TRAINING_FIELDS = ("dropout_rate", "attention_dropout_rate", "drop_path_rate", "remat")  # not the function computed
 CLASSIFIERS = ("token", "gap", "map", "token_gap", "patch_gap")
 CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap", "patch_gap")  # those with a class token
 POSITION_EMBEDDINGS = ("learned", "learned_2d", "sincos_2d", "none")

@@ -44,6 +44,11 @@ class Config:
     weights: str = ""  # Passed to the builder as `weights=`: "" for None, a `.npz` / `.safetensors` / `.weights.h5`
     # path, a `save_pretrained` folder (transformers, timm), an `hf://` name or a registered name.
     image_size: int = 224
+    # NaFlex (SigLIP 2's native aspect, keras_vit.naflex): > 0, each image keeps its aspect ratio, resized to the
+    # largest grid of at most this many patches, its patch sequence padded to this length with a mask; the model
+    # is a NaFlexViT (classifier "map"; from scratch, its position table is image_size / patch_size patches
+    # square). 0: square images of image_size.
+    max_num_patches: int = 0
     # Data: "digits" (embedded), "folder" (`data_dir/<split>/<class>/*.jpg`) or a TFDS name.
     dataset: str = "imagenet2012"
     data_dir: str = ""
@@ -95,15 +100,31 @@ class Config:
                          "shares of the corrupted patches that are masked or replaced)")
         if wrong:
             raise ValueError(f"Config values out of range: {'; '.join(wrong)}.")
+        if self.max_num_patches:
+            self._check_naflex()
+
+    def _check_naflex(self) -> None:
+        """Refuses, by name, what a NaFlex run (`max_num_patches`) cannot do."""
+        square_only = [name for name, value in (("recipe='masked_patches'", self.recipe == "masked_patches"),
+                                                ("randaugment", self.randaugment),
+                                                ("mixup_alpha", self.mixup_alpha > 0)) if value]
+        if square_only:
+            raise ValueError(f"max_num_patches={self.max_num_patches} (NaFlex patch sequences) does not go with "
+                             f"{', '.join(square_only)}: they work on square images of one size. Set "
+                             "max_num_patches=0, or leave them out.")
+        if self.classifier not in ("map", "") or self.representation_size:
+            raise ValueError(f"max_num_patches={self.max_num_patches}: a NaFlex ViT pools its patch sequence with the "
+                             f"MAP head and has no pre-logits (classifier={self.classifier!r}, representation_size="
+                             f"{self.representation_size} given). Set classifier=map and representation_size=0.")
 
 
 # The range of each numeric field of `Config`: (lowest, highest) allowed, None for no upper bound.
 RANGES: dict[str, tuple[float, float | None]] = {
     **dict.fromkeys(["image_size", "max_image_pixels", "grad_accum_steps", "batch_size"], (1, None)),
     **dict.fromkeys(["patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers"], (0, None)),  # 0: the file's
-    **dict.fromkeys(["representation_size", "shuffle_buffer", "warmup_steps", "epochs", "steps_per_epoch",
-                     "total_steps", "backup_every_steps", "seed", "lr", "weight_decay", "global_clipnorm",
-                     "mixup_alpha"], (0, None)),
+    **dict.fromkeys(["representation_size", "max_num_patches", "shuffle_buffer", "warmup_steps", "epochs",
+                     "steps_per_epoch", "total_steps", "backup_every_steps", "seed", "lr", "weight_decay",
+                     "global_clipnorm", "mixup_alpha"], (0, None)),
     **dict.fromkeys(["dropout_rate", "attention_dropout_rate", "drop_path_rate", "crop_min_area", "b1", "b2",
                      "momentum", "label_smoothing", "corruption_rate", "mask_rate", "random_rate"], (0, 1)),
     "target_bits": (1, 8),
@@ -204,7 +225,6 @@ def apply_overrides(config: Config, overrides: Iterable[str]) -> Config:
         if key not in fields:
             raise ValueError(f"Unknown config field {key!r} in override {item!r}. Expected one of {sorted(fields)}.")
         changes[key] = _parse(fields[key], value)
-    config = dataclasses.replace(config, **changes)
-    if states_architecture(config.weights):
-        config = dataclasses.replace(config, **{key: value for key, value in FROM_FILE.items() if key not in changes})
-    return config
+    if states_architecture(changes.get("weights", config.weights)):
+        changes = {**FROM_FILE, **changes}
+    return dataclasses.replace(config, **changes)  # checked once, as a whole

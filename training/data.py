@@ -1,7 +1,8 @@
 """tf.data input pipelines: TFDS by name, image folders and the embedded scikit-learn digits.
 
 Every source yields (image float32 in [0, 255], integer label). `make_datasets(config)` adds the
-paper's preprocessing (train: Inception crop + resize + random flip; eval: resize), optional
+paper's preprocessing (train: Inception crop + resize + random flip; eval: resize; with `max_num_patches`, NaFlex
+patch sequences of each crop or image at its own aspect ratio instead of the resize), optional
 RandAugment / MixUp, one-hot labels, batching, per-worker (tf.distribute) or per-process (JAX) sharding and
 prefetch.
 """
@@ -172,8 +173,8 @@ def get_source(config: Config, split: str, training: bool, class_names: list[str
 # === Preprocessing ===
 
 
-def inception_crop(image: tf.Tensor, size: int, min_area: float, seed: tf.Tensor) -> tf.Tensor:
-    """A random box covering `min_area`-100% of the image, aspect ratio 3/4-4/3, resized to `size`; the box is
+def random_box(image: tf.Tensor, min_area: float, seed: tf.Tensor) -> tf.Tensor:
+    """A random box of the image covering `min_area`-100% of it, aspect ratio 3/4-4/3, at its own size; the box is
     a function of `seed` (a stateless op's shape-[2] seed)."""
     begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.shape(image), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed, min_object_covered=0.0,
@@ -181,23 +182,44 @@ def inception_crop(image: tf.Tensor, size: int, min_area: float, seed: tf.Tensor
         use_image_if_no_bounding_boxes=True)
     crop = tf.slice(image, begin, crop_size)
     crop.set_shape([None, None, image.shape[-1]])  # tf.slice loses the static channel count.
-    return tf.image.resize(crop, (size, size))
+    return crop
 
 
-def _train_map(config: Config, num_classes: int):
+def inception_crop(image: tf.Tensor, size: int, min_area: float, seed: tf.Tensor) -> tf.Tensor:
+    """`random_box` resized to `size` x `size`."""
+    return tf.image.resize(random_box(image, min_area, seed), (size, size))
+
+
+def _naflex_inputs(config: Config, patch_size: int | None):
+    """image (height, width, 3) float32 -> the inputs of a NaFlex ViT for it (`image_io.naflex_patches`: its aspect
+    ratio kept, its patches padded to `config.max_num_patches`)."""
+    if patch_size is None:
+        raise ValueError("max_num_patches needs the model's patch size (make_datasets(config, patch_size=...)).")
+
+    def naflex_inputs(image):
+        patches, mask, grid = image_io.naflex_patches(image, patch_size, config.max_num_patches)
+        return {"patches": patches, "patch_mask": mask, "spatial_shapes": grid}
+
+    return naflex_inputs
+
+
+def _train_map(config: Config, num_classes: int, patch_size: int | None = None):
     """The training preprocessing of one (image, label) example, its randomness drawn from `seed` (stateless ops:
-    the same seeds give the same crops and flips whatever order the parallel map's threads run in)."""
+    the same seeds give the same crops and flips whatever order the parallel map's threads run in). With
+    `max_num_patches` the crop (or image) keeps its own aspect ratio, into the NaFlex inputs (`_naflex_inputs`)."""
+    naflex_inputs = _naflex_inputs(config, patch_size) if config.max_num_patches else None
+
     def preprocess(example, seed):
         image, label = example
         crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
         image = tf.cast(image, tf.float32)
         if config.inception_crop:
-            image = inception_crop(image, config.image_size, config.crop_min_area, crop_seed)
-        else:
+            image = random_box(image, config.crop_min_area, crop_seed)
+        if naflex_inputs is None:
             image = tf.image.resize(image, (config.image_size, config.image_size))
         if config.random_flip:
             image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-        return image, tf.one_hot(label, num_classes)
+        return image if naflex_inputs is None else naflex_inputs(image), tf.one_hot(label, num_classes)
 
     return preprocess
 
@@ -208,10 +230,14 @@ def _example_seeds(seed: int, shard: multihost.Shard) -> tf.data.Dataset:
     return tf.data.Dataset.random(seed=seed * 1000003 + shard.index).batch(2)
 
 
-def _eval_map(config: Config, num_classes: int):
+def _eval_map(config: Config, num_classes: int, patch_size: int | None = None):
+    naflex_inputs = _naflex_inputs(config, patch_size) if config.max_num_patches else None
+
     def preprocess(image, label):
-        image = tf.image.resize(tf.cast(image, tf.float32), (config.image_size, config.image_size))
-        return image, tf.one_hot(label, num_classes)
+        image = tf.cast(image, tf.float32)
+        if naflex_inputs is None:
+            image = tf.image.resize(image, (config.image_size, config.image_size))
+        return image if naflex_inputs is None else naflex_inputs(image), tf.one_hot(label, num_classes)
 
     return preprocess
 
@@ -245,7 +271,8 @@ def _finish(dataset: tf.data.Dataset, policy) -> tf.data.Dataset:
     return dataset.with_options(options).prefetch(AUTOTUNE)
 
 
-def exact_batches(dataset: tf.data.Dataset, batch_size: int, num_batches: int | None = None) -> tf.data.Dataset:
+def exact_batches(dataset: tf.data.Dataset, batch_size: int, num_batches: int | None = None,
+                  padding_inputs=None) -> tf.data.Dataset:
     """(images, labels, weights) batches of an (images, labels) dataset in which every example counts once.
 
     Every batch has `batch_size` rows, so that it splits evenly over any number of devices that divides the global
@@ -253,10 +280,12 @@ def exact_batches(dataset: tf.data.Dataset, batch_size: int, num_batches: int | 
     filled with zero images of weight 0, which weighted metrics leave out. (big_vision and flax evaluate the same
     way; Keras itself neither pads nor drops a partial batch: keras#21167.) With `num_batches`, exactly that many
     batches, padding only where the examples run out (so that every process of a run steps as often as the
-    others); without, no batch is padding only.
+    others); without, no batch is padding only. `padding_inputs`: the model inputs of a padding row where zeros are
+    not one the model computes finite outputs for (a NaFlex sequence needs a patch: `Datasets.eval_padding`).
     """
     examples = dataset.unbatch().map(lambda images, labels: (images, labels, tf.constant(1.0)))
-    padding = tf.data.Dataset.from_tensors(tuple(tf.zeros(spec.shape, spec.dtype) for spec in examples.element_spec))
+    zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), examples.element_spec)
+    padding = tf.data.Dataset.from_tensors(zeros if padding_inputs is None else (padding_inputs, *zeros[1:]))
     if num_batches is not None:
         batches = examples.concatenate(padding.repeat()).take(num_batches * batch_size).batch(batch_size)
         return batches.apply(tf.data.experimental.assert_cardinality(num_batches)).prefetch(AUTOTUNE)
@@ -278,6 +307,7 @@ class Datasets:
     skipped: int  # Unreadable files left out of both splits (of all processes).
     batch_size: int  # This process's rows of each global batch.
     eval_shard_sizes: list[int] | None = None  # Eval examples of each process; None if unknown.
+    eval_padding: dict | None = None  # The inputs of `exact_batches`' padding rows where zeros are not (NaFlex's).
 
     @property
     def train(self) -> tf.data.Dataset:
@@ -290,9 +320,10 @@ class Datasets:
         return None if self.eval_shard_sizes is None else -(-max(self.eval_shard_sizes) // self.batch_size)
 
 
-def make_datasets(config: Config) -> Datasets:
+def make_datasets(config: Config, patch_size: int | None = None) -> Datasets:
     """This process's training and evaluation datasets: its shard of each split (`multihost.shard()`; all of it
-    in a one-process run), batched by its share of `config.batch_size` (the global batch)."""
+    in a one-process run), batched by its share of `config.batch_size` (the global batch). With
+    `config.max_num_patches`, the examples are NaFlex inputs of patches of `patch_size` (the model's)."""
     shard = multihost.shard()
     batch_size = shard.per_process_batch(config.batch_size)
     train = get_source(config, config.train_split, training=True, shard=shard)
@@ -304,14 +335,15 @@ def make_datasets(config: Config) -> Datasets:
         # The examples of the first `batches` batches and their seeds are left out before any decoding map: the
         # stream goes on as if they had been trained on (a resumed run's).
         examples = tf.data.Dataset.zip(examples, _example_seeds(config.seed, shard)).skip(batches * batch_size)
-        train_ds = examples.map(_train_map(config, train.num_classes), num_parallel_calls=AUTOTUNE)
+        train_ds = examples.map(_train_map(config, train.num_classes, patch_size), num_parallel_calls=AUTOTUNE)
         train_ds = train_ds.batch(batch_size, drop_remainder=True)
         augment = _batch_augment(config)
         if augment is not None:
             train_ds = train_ds.map(augment, num_parallel_calls=AUTOTUNE)
         return _finish(train_ds, train.shard_policy)
 
-    eval_ds = evaluation.dataset.map(_eval_map(config, train.num_classes), num_parallel_calls=AUTOTUNE)
+    eval_map = _eval_map(config, train.num_classes, patch_size)
+    eval_ds = evaluation.dataset.map(eval_map, num_parallel_calls=AUTOTUNE)
     eval_ds = eval_ds.batch(batch_size)
     train_sizes = multihost.gather_counts(train.num_examples)
     eval_sizes = multihost.gather_counts(evaluation.num_examples)
@@ -320,4 +352,5 @@ def make_datasets(config: Config) -> Datasets:
     return Datasets(_finish(eval_ds, tf.data.experimental.AutoShardPolicy.OFF), train_after,
                     train.num_classes, None if train_sizes is None else sum(train_sizes),
                     None if eval_sizes is None else sum(eval_sizes),
-                    sum(multihost.gather_counts(train.skipped + evaluation.skipped)), batch_size, eval_sizes)
+                    sum(multihost.gather_counts(train.skipped + evaluation.skipped)), batch_size, eval_sizes,
+                    eval_map(tf.zeros((patch_size, patch_size, 3)), 0)[0] if config.max_num_patches else None)

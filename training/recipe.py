@@ -18,8 +18,9 @@ import keras
 import tensorflow as tf
 
 import keras_vit
-from keras_vit import models, variants
+from keras_vit import models, naflex, variants
 from keras_vit.checkpoints import loader as checkpoint_loader
+from keras_vit.checkpoints.naflex_file import NaFlexFile
 from keras_vit.checkpoints.reader import CheckpointFile
 from . import configs
 from .configs import Config
@@ -78,6 +79,12 @@ def _read_weights_file(weights: str, stamp: tuple) -> CheckpointFile | None:
     return checkpoint_loader.local_file(weights)
 
 
+def naflex_checkpoint(config: Config) -> NaFlexFile | None:
+    """What `config.weights` states where it is a SigLIP 2 NaFlex file (transformers' or timm's), else None."""
+    file = weights_file(config)
+    return None if file is None else file.naflex
+
+
 def pooling(config: Config) -> str:
     """The `pooling` of a backbone without head: the class token, the attention pooling of `classifier="map"`,
     or the average for `classifier="gap"`; with classifier "", the weights file's (`configs.FROM_FILE`)."""
@@ -113,6 +120,14 @@ def architecture(config: Config) -> dict | variants.ViTConfig:
     if config.variant:
         return variants.decode_variant(config.variant)
     explicit = _explicit_architecture(config)
+    checkpoint = naflex_checkpoint(config)
+    if checkpoint is not None:
+        stated = variants.ViTConfig(**checkpoint.config)
+        for name, value in explicit.items():
+            if value != stated[name]:
+                raise ValueError(f"{name}={value!r} contradicts {checkpoint.path!r}, whose NaFlex model has "
+                                 f"{name}={stated[name]!r}. Leave {name} out (0) to take the file's.")
+        return stated
     if len(explicit) == len(variants.ARCHITECTURE):
         return explicit
     return models.model_config(None, weights_file(config), **explicit)
@@ -121,7 +136,13 @@ def architecture(config: Config) -> dict | variants.ViTConfig:
 def build_backbone(config: Config, **options) -> keras.Model:
     """The config's ViT: its variant (or, with variant "", its explicit architecture; with `weights` a file that
     states its architecture, the file's with the fields given: `configs.apply_overrides`), input size, classifier,
-    dropouts and `weights=config.weights`, built with the recipe's `options`."""
+    dropouts and `weights=config.weights`, built with the recipe's `options`; with `max_num_patches`, a NaFlex ViT
+    (`naflex_backbone`)."""
+    if config.max_num_patches:
+        return naflex_backbone(config, **options)
+    if naflex_checkpoint(config) is not None:
+        raise ValueError(f"weights={config.weights!r} is a SigLIP 2 NaFlex checkpoint: it trains on patch sequences "
+                         "of each image's own grid. Set max_num_patches (the patch budget, e.g. 256).")
     explicit = {} if config.variant else _explicit_architecture(config)
     return keras_vit.VisionTransformer(
         config.variant or None, weights=weights_file(config) or config.weights or None,
@@ -129,3 +150,31 @@ def build_backbone(config: Config, **options) -> keras.Model:
         classifier=config.classifier or None, dropout_rate=config.dropout_rate,
         attention_dropout_rate=config.attention_dropout_rate, drop_path_rate=config.drop_path_rate,
         **explicit, **options)
+
+
+def naflex_backbone(config: Config, *, include_top: bool = True, classes: int = 1000,
+                    classifier_activation=None, **map_head_options) -> keras.Model:
+    """The config's NaFlex ViT (`keras_vit.naflex.NaFlexViT`: inputs `patches`, `patch_mask`, `spatial_shapes`)
+    with the recipe's options: `include_top`, a zero-initialized Dense head of `classes` logits on the MAP head's
+    pooled embedding; without, that embedding (`map_head_options`, the pooling and pre-logits the config checked
+    to be the MAP head's: `Config._check_naflex`). From `config.weights` (a SigLIP 2 NaFlex file) its model with
+    the config's dropouts; else the config's architecture with classifier "map" and a position table of
+    image_size / patch_size patches square."""
+    del map_head_options
+    training_fields = dict(dropout_rate=config.dropout_rate, attention_dropout_rate=config.attention_dropout_rate,
+                           drop_path_rate=config.drop_path_rate)
+    checkpoint = naflex_checkpoint(config)
+    if checkpoint is not None:
+        forward = dataclasses.replace(variants.ViTConfig(**checkpoint.config), **training_fields)
+        encoder = naflex.NaFlexViT(forward, weights=checkpoint)
+    else:
+        explicit = {} if config.variant else _explicit_architecture(config)
+        forward = variants.make_config(config.variant or None, None,
+                                       dict(explicit, classifier="map", **training_fields))
+        encoder = naflex.NaFlexViT(forward, position_grid=max(config.image_size // forward.patch_size, 1))
+    embedding = encoder.output["embedding"]
+    if not include_top:
+        return keras_vit.ViTModel(encoder.input, embedding, name=encoder.name)
+    logits = keras.layers.Dense(classes, kernel_initializer="zeros", activation=classifier_activation, name="head",
+                                dtype="float32")(embedding)
+    return keras_vit.ViTModel(encoder.input, logits, name=encoder.name)

@@ -76,7 +76,7 @@ def exclusive_backup(workdir: str, worker: int) -> Iterator[None]:
 # a NaN stop; a warning names them.
 RESUME_FIXED = frozenset({"recipe", "variant", "patch_size", "hidden_dim", "mlp_dim", "num_heads", "num_layers",
                           "classifier", "representation_size", "image_size", "dataset", "optimizer",
-                          "grad_accum_steps", "masked_target", "target_bits"})
+                          "grad_accum_steps", "masked_target", "target_bits", "max_num_patches"})
 
 
 def check_resume_config(config: Config, workdir: str, worker: int) -> None:

@@ -317,7 +317,7 @@ def prepare_run(config: Config, workdir: str, strategy: distribute.Strategy) -> 
     check_room({workdir: MIN_FREE_BYTES, outdir: MIN_FREE_BYTES}, "the run's files")
     os.makedirs(outdir, exist_ok=True)
     keras.utils.set_random_seed(config.seed)
-    datasets = data_lib.make_datasets(config)
+    datasets = data_lib.make_datasets(config, architecture(config)["patch_size"] if config.max_num_patches else None)
     if not recipe.exact_eval:  # the others pad the last eval batch (`evaluation_data`)
         distribute.check_eval_split(datasets.eval_shard_sizes, strategy, config.dataset, config.eval_split)
     steps_per_epoch, epochs = _schedule(config, datasets.num_train_examples)
@@ -358,7 +358,8 @@ def evaluation_data(config: Config, datasets: data_lib.Datasets) -> tf.data.Data
     whose padding rows weigh 0 (`data.exact_batches`), so each example counts once on any number of devices."""
     recipe = recipe_of(config)
     if recipe.exact_eval:
-        return data_lib.exact_batches(recipe.inputs(datasets.eval), datasets.batch_size, datasets.eval_batches)
+        return data_lib.exact_batches(recipe.inputs(datasets.eval), datasets.batch_size, datasets.eval_batches,
+                                      datasets.eval_padding)
     return recipe.inputs(datasets.eval)
 
 

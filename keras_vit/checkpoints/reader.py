@@ -170,7 +170,9 @@ class CheckpointFile:
     def pooling(self) -> str:
         """The `pooling` that returns what the file's model pools without its head: `"token"`, `"avg"` (the
         classifiers `"gap"` and `"patch_gap"`, and timm's `global_pool="avg"`), `"map"` or `"token_avg"` (the
-        classifier `"token_gap"`)."""
+        classifier `"token_gap"`); a NaFlex file's MAP head, `"map"`."""
+        if self.naflex is not None:
+            return "map"
         classifier = self.classifier
         if classifier == "token" and self.timm_pooling == "avg":  # after fc_norm
             return "avg"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_vit import naflex
+from keras_vit import image_io, naflex
 from keras_vit.cli import export as export_cli
 from keras_vit.export import naflex_serving, saved_model
 from tests import images as odd
@@ -71,7 +71,7 @@ def test_size_rule_equals_the_numpy_rule_on_many_sizes():
     budgets = np.concatenate([rng.choice([1, 2, 3, 16, 37, 64, 100, 256, 729, 1024, 4096], 2900),
                               [1, 256, 1, 4, 64, 37, 256, 256, 256, 37, 2, 2]])
     for patch in (8, 16):
-        graph = tf.function(lambda h, w, b: naflex_serving.naflex_image_size(h, w, patch, b))
+        graph = tf.function(lambda h, w, b: image_io.naflex_image_size(h, w, patch, b))
         ours = graph(tf.constant(heights), tf.constant(widths), tf.constant(budgets)).numpy()
         expected = np.array([naflex.naflex_image_size(int(h), int(w), patch, int(b))
                              for h, w, b in zip(heights, widths, budgets)])
