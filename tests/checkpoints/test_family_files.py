@@ -124,14 +124,14 @@ def test_position_table_resized_as_the_model_class_does(name):
 def test_exports_are_at_the_files_size_and_serve_its_transform(tmp_path, name):
     """keras-vit-export and keras-vit-tflite with `--weights` alone: the SavedModel serves the JPEG as the source
     library's processor and model compute it; the LiteRT file (`LITERT_CASES`) takes the file's size. DINOv3 and
-    EVA-02 (a reference with `embedding_<i>`) are exported with `--signatures embed` too, whose embedding of the
-    photographs of four aspect ratios (`PHOTOS`, one request through TF1's loader) is the source library's pooled
-    embedding after its processor."""
+    EVA-02 and the fixed-resolution SigLIP 2 (a reference with `embedding_<i>`) are exported with `--signatures
+    embed` too, whose embedding of the photographs of four or five aspect ratios (`PHOTOS`, 1:3 to 16:5, one request
+    through TF1's loader) is the source library's pooled embedding after its processor, each as alone."""
     from ai_edge_litert.interpreter import Interpreter
 
     from keras_vit.cli import export as export_cli
     from keras_vit.cli import tflite as tflite_cli
-    from keras_vit.export import litert_file, saved_model
+    from keras_vit.export import litert_file, model_io, saved_model, serving
     from tests.testing import TF1Server
 
     folder, meta, reference = case(name)
@@ -146,14 +146,26 @@ def test_exports_are_at_the_files_size_and_serve_its_transform(tmp_path, name):
     assert_agrees(served.get("logits", served.get("embedding")), reference["output"], f"{name} served",
                   resized_here=True)
     if embeds:
-        assert sum(key.startswith("embedding_") for key in reference) == len(PHOTOS)
-        photographs = [open(photo, "rb").read() for photo in PHOTOS]
+        count = sum(key.startswith("embedding_") for key in reference)
+        assert count >= 4, count  # the first four of PHOTOS at least (the tall one came later)
+        photographs = [open(photo, "rb").read() for photo in PHOTOS[:count]]
         embeddings = server.predict("embed", {"image_bytes": np.array(photographs)})["embedding"]
         distances = [agreement(ours, reference[f"embedding_{index}"])[0] for index, ours in enumerate(embeddings)]
-        print(f"\n{name}: served embed, 1 - cos per photo {['%.1e' % distance for distance in distances]}")
+        alone = [server.predict("embed", {"image_bytes": np.array([data])})["embedding"][0] for data in photographs]
+        batch_distances = [agreement(ours, single)[0] for ours, single in zip(embeddings, alone)]
+        print(f"\n{name}: served embed, 1 - cos per photo {['%.1e' % distance for distance in distances]}; "
+              f"batch vs alone {max(batch_distances):.1e}")
         for index, ours in enumerate(embeddings):
             assert_agrees(ours, reference[f"embedding_{index}"], f"{name} embed of {os.path.basename(PHOTOS[index])}",
                           resized_here=True)
+        assert max(batch_distances) <= 1e-6, batch_distances  # each image of a batch as alone
+        if "pixels_0" in reference:  # what the embeddings barely show (a random tower): each photo's pixels
+            transform = model_io.preprocessing_config(build(folder)).resize_arguments
+            decoded = serving.decode(tf.constant(photographs), tuple(meta["native_size"]), transform=transform)
+            for index, pixels in enumerate(decoded.numpy()):
+                difference = np.abs(pixels - reference[f"pixels_{index}"])  # PIL's, rounded to uint8
+                assert difference.mean() < 0.6 and np.percentile(difference, 99) < 2.5, (
+                    index, difference.mean(), np.percentile(difference, 99))
 
     if name not in LITERT_CASES:
         return

@@ -1,6 +1,6 @@
 """SigLIP 2 NaFlex against transformers 4.57.6: the processor's rule, the per-image position-table resize, masked
 attention and pooling, from the random `Siglip2VisionModel` folder of tests/data/families (made by
-`python -m tests.data.make_family_files siglip2_naflex`: five JPEGs of aspect ratios 1:3 to 16:5 at two budgets,
+`python -m tests.data.make_family_files siglip2_naflex`: five JPEGs of aspect ratios 1:3 to 16:5 at three budgets,
 with transformers' processor outputs and model outputs for each image alone)."""
 
 import json
@@ -258,7 +258,7 @@ TIMM_CASE = os.path.join(FOLDER, TIMM_NAFLEX)
 
 def test_timm_naflexvit_file_matches_timm_and_transformers(model, reference):
     """timm's `naflexvit_base_patch16_siglip` file of the transformers folder's weights: keras_vit's model of it
-    equals timm's pooled output on each picture at both budgets (and so transformers', which timm's equals: the
+    equals timm's pooled output on each picture at every budget (and so transformers', which timm's equals: the
     generator checks it) and holds the same weights as the transformers folder's model."""
     timm_model = keras_vit.VisionTransformer(weights=TIMM_CASE)
     with np.load(os.path.join(TIMM_CASE, "reference.npz")) as arrays:

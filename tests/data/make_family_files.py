@@ -8,7 +8,10 @@ Run once, where torch, transformers and timm are installed (not needed by the te
     python -m tests.data.make_family_files
 
 Made with torch 2.13.0 (CPU), transformers 4.57.6, timm 1.0.31 (through benchmarks.torchvision_stub: no CPU
-torchvision installs beside that torch), Pillow 12. sizes.json holds transformers' resize sizes
+torchvision installs beside that torch), Pillow 12 (the NaFlex folders, hf_siglip2_224 and photo_tall.jpg: Pillow
+13.0.0, which writes the other JPEGs byte for byte as Pillow 12 did; it resizes some images a level apart). The NaFlex
+budget 256 came later from this code: the earlier budgets' arrays were kept as first made (a rerun gives the same
+pixels and weights, the outputs within 1.2e-7). sizes.json holds transformers' resize sizes
 (`transformers_resize_sizes`). Each folder's reference.npz holds:
 - `pixels`: the processor's output for photo.jpg before normalization (uint8, NHWC: PIL resizes in uint8; float32
   for DINOv3, whose processor resizes in float);
@@ -18,8 +21,10 @@ torchvision installs beside that torch), Pillow 12. sizes.json holds transformer
   320x320), and the model's outputs and its patch tokens after the final norm on `random_inputs(name, i)` at them
   (transformers: `interpolate_pos_encoding=True`; timm: `dynamic_img_size=True`; DINOv3 has no table: its rotary
   positions come from each grid), which show how each model class resizes its position table;
-- DINOv3 and EVA-02 folders: `embedding_<i>`, the pooled embedding (a head's input) of each of `PHOTOS` (photo.jpg
-  and `EXTRA_PHOTOS`, other aspect ratios) through the processor, for the served `embed` signature's check.
+- DINOv3, EVA-02 and fixed-resolution SigLIP 2 folders: `embedding_<i>`, the pooled embedding (a head's input) of
+  each of `PHOTOS` (photo.jpg and `EXTRA_PHOTOS`, other aspect ratios; DINOv3 and EVA-02: the first four, made
+  before the tall one) through the processor, for the served `embed` signature's check; SigLIP 2 also
+  `pixels_<i>`, the processor's uint8 pixels of each.
 transformers' slow (PIL) processors compute `pixels`; DINOv3's (`DINOv3ViTImageProcessorFast`, which needs
 torchvision) is computed by its arithmetic (`dinov3_processor`); timm's evaluation transform (`resolve_data_config` +
 `create_transform`, which needs torchvision) is computed here by its documented arithmetic: PIL resize of the
@@ -58,8 +63,10 @@ def photo() -> Image.Image:
     return Image.open(PHOTO).convert("RGB")
 
 
-# The served-embedding check's other photographs (file name, height, width): portrait, wide and near-square.
-EXTRA_PHOTOS = (("photo_portrait.jpg", 500, 300), ("photo_wide.jpg", 200, 640), ("photo_square.jpg", 333, 345))
+# The served-embedding check's other photographs (file name, height, width): portrait (3:5), wide (16:5),
+# near-square and tall (1:3, added with hf_siglip2_224: the folders made before hold the first four's embeddings).
+EXTRA_PHOTOS = (("photo_portrait.jpg", 500, 300), ("photo_wide.jpg", 200, 640), ("photo_square.jpg", 333, 345),
+                ("photo_tall.jpg", 300, 100))
 PHOTOS = (PHOTO, *(os.path.join(FOLDER, name) for name, _, _ in EXTRA_PHOTOS))  # embedding_<i> of reference.npz
 
 
@@ -98,9 +105,11 @@ def random_inputs(name: str, index: int, size) -> np.ndarray:
 
 def save_reference(folder: str, pixels: np.ndarray, pixel_values: np.ndarray, output: np.ndarray,
                    extra: list[tuple[tuple[int, int], np.ndarray, np.ndarray]], meta: dict,
-                   float_pixels: bool = False, embeddings: list[np.ndarray] = ()) -> None:
+                   float_pixels: bool = False, embeddings: list[np.ndarray] = (),
+                   photo_pixels: list[np.ndarray] = ()) -> None:
     """`float_pixels`: the processor resizes in float (DINOv3's), else in uint8 (PIL's). `embeddings`: the pooled
-    embedding (a head's input) of each of `PHOTOS` through the processor, stored as `embedding_<i>`."""
+    embedding (a head's input) of each of `PHOTOS` through the processor, stored as `embedding_<i>`;
+    `photo_pixels`, the processor's uint8 pixels of each, as `pixels_<i>`."""
     assert (float_pixels or np.array_equal(pixels, pixels.round())) and pixels.min() >= 0 and pixels.max() <= 255
     normalized = (pixels / np.float32(255) - np.float32(MEAN)) / np.float32(STD)
     assert np.abs(normalized - pixel_values).max() < 1e-5  # the processor's normalization, as the tests redo it
@@ -109,6 +118,7 @@ def save_reference(folder: str, pixels: np.ndarray, pixel_values: np.ndarray, ou
         arrays.update({f"size_{i}": np.asarray(size), f"outputs_{i}": outputs.astype(np.float32),
                        f"patch_tokens_{i}": patch_tokens.astype(np.float32)})
     arrays.update({f"embedding_{i}": embedding.astype(np.float32) for i, embedding in enumerate(embeddings)})
+    arrays.update({f"pixels_{i}": values.astype(np.uint8) for i, values in enumerate(photo_pixels)})
     np.savez_compressed(os.path.join(folder, "reference.npz"), **arrays)
     with open(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as file:
         json.dump(meta, file, indent=1, sort_keys=True)
@@ -132,7 +142,9 @@ def hf_patch_tokens(model, inputs) -> np.ndarray:
     return tokens[:, prefix:].numpy()
 
 
-def hf_case(name: str, model, processor, image: Image.Image, sizes, output: str, meta: dict) -> None:
+def hf_case(name: str, model, processor, image: Image.Image, sizes, output: str, meta: dict,
+            photos: list[Image.Image] = ()) -> None:
+    """`photos`: pictures whose pooled `output` through the processor is stored as `embedding_<i>`."""
     import torch
 
     folder = os.path.join(FOLDER, name)
@@ -160,8 +172,11 @@ def hf_case(name: str, model, processor, image: Image.Image, sizes, output: str,
     for index, size in enumerate(sizes):
         inputs = torch.from_numpy(random_inputs(name, index, size).transpose(0, 3, 1, 2).copy())
         extra.append((size, run(inputs, interpolate=True), hf_patch_tokens(model, inputs)))
+    embeddings = [run(processor(picture, return_tensors="pt")["pixel_values"])[0] for picture in photos]
     save_reference(folder, nhwc(raw), nhwc(values), run(values), extra, dict(meta, source="transformers",
-                                                                              output=output))
+                                                                              output=output), embeddings=embeddings,
+                   photo_pixels=[nhwc(processor(picture, do_normalize=False, do_rescale=False,
+                                                return_tensors="np")["pixel_values"])[0] for picture in photos])
 
 
 def transformers_cases(image: Image.Image) -> None:
@@ -207,6 +222,20 @@ def transformers_cases(image: Image.Image) -> None:
             SiglipImageProcessor(size={"height": 256, "width": 256}, image_mean=MEAN, image_std=STD,
                                  resample=bicubic),
             image, [(256, 192), (320, 320)], "pooler_output", dict(native_size=[256, 256], family="siglip"))
+
+
+def siglip2_fixed_case(photos: list[Image.Image]) -> None:
+    """The fixed-resolution SigLIP 2: SigLIP's architecture (transformers' `SiglipVisionModel`) at 224 px with the
+    `SiglipImageProcessor` SigLIP 2's fixed-resolution files carry (a squash to 224, bilinear: resample 2, where
+    SigLIP's own files resize bicubically, as hf_siglip_256), and the embedding of each of `photos` (1:3 to 16:5)."""
+    import torch
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+
+    torch.manual_seed(0)
+    hf_case("hf_siglip2_224", SiglipVisionModel(SiglipVisionConfig(**TINY, image_size=224, patch_size=32)),
+            SiglipImageProcessor(size={"height": 224, "width": 224}, image_mean=MEAN, image_std=STD, resample=2),
+            photos[0], [(224, 160), (288, 288)], "pooler_output", dict(native_size=[224, 224], family="siglip2"),
+            photos=photos)
 
 
 # --- DINOv3 (transformers) ---
@@ -296,7 +325,7 @@ def dinov3_cases(photos: list[Image.Image]) -> None:
 NAFLEX = "hf_siglip2_naflex_p8"
 TIMM_NAFLEX = "timm_naflexvit_siglip_p8"  # hf_siglip2_naflex_p8's weights under timm's NaFlexVit names
 NAFLEX_FOLDERS = (NAFLEX, TIMM_NAFLEX)  # folders whose model takes patch sequences, not images
-NAFLEX_BUDGETS = (64, 37)  # the processor's max_num_patches, and another
+NAFLEX_BUDGETS = (64, 37, 256)  # the processor's max_num_patches, another, and SigLIP 2's default
 # (height, width): aspect ratios 1:3, 3:4, 1:1, 16:5 (width:height), and a tiny one that grows to a few patches.
 NAFLEX_SHAPES = ((300, 100), (240, 320), (250, 250), (160, 512), (20, 45))
 
@@ -640,8 +669,9 @@ def dinov2_classifier_cases(image: Image.Image) -> None:
 
 def main() -> None:
     """Every family's files; `python -m tests.data.make_family_files siglip2_naflex` (with timm's NaFlexVit of the
-    same weights; `timm_naflex` that alone; `dinov3`, transformers' DINOv3 folders; `timm_eva`, timm's DINOv3 and
-    EVA-02 folders; `dinov2_classifiers`, transformers' DINOv2 classifiers) makes those alone."""
+    same weights; `timm_naflex` that alone; `siglip2_fixed`, the fixed-resolution SigLIP 2 folder; `dinov3`,
+    transformers' DINOv3 folders; `timm_eva`, timm's DINOv3 and EVA-02 folders; `dinov2_classifiers`, transformers'
+    DINOv2 classifiers) makes those alone."""
     if sys.argv[1:] == ["timm_eva"]:
         timm_eva_cases()
         return
@@ -658,9 +688,13 @@ def main() -> None:
     if sys.argv[1:] == ["timm_naflex"]:
         timm_naflex_case()
         return
+    if sys.argv[1:] == ["siglip2_fixed"]:
+        siglip2_fixed_case(photographs())
+        return
     photos = photographs()
     image = photos[0]
     transformers_cases(image)
+    siglip2_fixed_case(photos)
     dinov2_classifier_cases(image)
     dinov3_cases(photos)
     timm_cases(image)

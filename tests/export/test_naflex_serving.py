@@ -91,7 +91,8 @@ def test_in_graph_pixels_are_pils_within_one_level(reference, budget):
         np.testing.assert_array_equal(inputs["spatial_shapes"][index], reference["spatial_shapes" + suffix])
         np.testing.assert_array_equal(inputs["patch_mask"][index], reference["pixel_attention_mask" + suffix])
         difference = np.abs(inputs["patches"][index].numpy() - reference["raw" + suffix])
-        assert difference.max() <= 1.0, suffix
+        # One level, and float32's rounding past it (PIL rounds its 22-bit fixed-point sums: 1.0000076 measured).
+        assert difference.max() <= 1.0 + 1e-4, (suffix, difference.max())
 
 
 @pytest.mark.parametrize("budget", NAFLEX_BUDGETS)
@@ -120,9 +121,10 @@ def test_served_embedding_matches_transformers_from_jpeg_bytes(served, reference
                                    atol=1e-6)
 
 
-def test_a_batch_of_all_five_equals_each_alone(served):
+@pytest.mark.parametrize("budget", NAFLEX_BUDGETS)
+def test_a_batch_of_all_five_equals_each_alone(served, budget):
     """Five aspect ratios in one request: each embedding and each image's tokens as that image alone."""
-    server, _ = served[64]
+    server, _ = served[budget]
     together = server.predict("embed", request(*range(5)))["embedding"]
     tokens = server.predict("features", request(*range(5)))
     for index in range(len(NAFLEX_SHAPES)):

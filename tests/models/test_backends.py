@@ -111,7 +111,7 @@ def test_backend_matches_tensorflow_and_trains(workdir, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_naflex_tests_pass_on_backend(backend):
     """SigLIP 2 NaFlex on the backend: tests/checkpoints/test_naflex.py but its command-line test (a TensorFlow
-    tool's refusal): the processor's rule and the model against transformers at both budgets, a batch of aspect
+    tool's refusal): the processor's rule and the model against transformers at every budget, a batch of aspect
     ratios equal to each alone, the padding changing nothing, the position table's per-image resize, the config
     round trip."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2", "XLA_FLAGS": xla_flags()}
