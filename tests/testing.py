@@ -692,3 +692,21 @@ def run_train_cli(capsys, *arguments: str) -> tuple[int, str, str]:
         logging.getLogger().setLevel(level)
     out, err = capsys.readouterr()
     return status, out, err + message
+
+
+def hub_cache_of(root, repo: str, folder: str, commit: str = "5e1f0c2a") -> None:
+    """`folder` in huggingface_hub's cache layout under `root`: each file a blob named by its sha256, linked from
+    snapshots/<commit>/, and refs/main naming the commit."""
+    import hashlib
+
+    model = root / ("models--" + repo.replace("/", "--"))
+    (model / "blobs").mkdir(parents=True)
+    (model / "snapshots" / commit).mkdir(parents=True)
+    (model / "refs").mkdir()
+    (model / "refs" / "main").write_text(commit)
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as file:
+            data = file.read()
+        blob = hashlib.sha256(data).hexdigest()
+        (model / "blobs" / blob).write_bytes(data)
+        (model / "snapshots" / commit / name).symlink_to(os.path.join("..", "..", "blobs", blob))

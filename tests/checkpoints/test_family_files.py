@@ -21,6 +21,7 @@ from keras_vit import model_files
 from keras_vit.features import features_model
 from keras_vit.checkpoints.reader import read_checkpoint
 from tests.data.make_family_files import FOLDER, NAFLEX_FOLDERS, PHOTO, PHOTOS, random_inputs
+from tests.testing import hub_cache_of
 
 # The image-model families (SigLIP 2 NaFlex, whose model takes patch sequences: tests/checkpoints/test_naflex.py).
 CASES = sorted(name for name in os.listdir(FOLDER) if os.path.isdir(os.path.join(FOLDER, name))
@@ -294,24 +295,6 @@ def test_timm_eva_files_give_their_options_and_refuse_the_other_eva_models(tmp_p
     refused(None, r"timm Eva checkpoint .* without its config.json: its rotary positions are stored in no tensor")
     refused(config, r"features keras_vit does not implement: the normalized attention output \(scale_attn_inner",
             dict(state, **{"blocks.0.attn.norm.weight": np.ones(32, "float32")}))
-
-
-def hub_cache_of(root, repo: str, folder: str, commit: str = "5e1f0c2a") -> None:
-    """`folder` in huggingface_hub's cache layout under `root`: each file a blob named by its sha256, linked from
-    snapshots/<commit>/, and refs/main naming the commit."""
-    import hashlib
-
-    model = root / ("models--" + repo.replace("/", "--"))
-    (model / "blobs").mkdir(parents=True)
-    (model / "snapshots" / commit).mkdir(parents=True)
-    (model / "refs").mkdir()
-    (model / "refs" / "main").write_text(commit)
-    for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), "rb") as file:
-            data = file.read()
-        blob = hashlib.sha256(data).hexdigest()
-        (model / "blobs" / blob).write_bytes(data)
-        (model / "snapshots" / commit / name).symlink_to(os.path.join("..", "..", "blobs", blob))
 
 
 @pytest.mark.parametrize("name, repo", [("hf_dinov3_swiglu_112", "facebook/dinov3-vith16plus-pretrain-lvd1689m"),

@@ -18,6 +18,7 @@ from keras_vit import naflex
 from keras_vit.layers.naflex import NaFlexPositionEmbedding
 from keras_vit.variants import ViTConfig
 from tests.data.make_family_files import FOLDER, NAFLEX, NAFLEX_BUDGETS, NAFLEX_SHAPES, TIMM_NAFLEX
+from tests.testing import hub_cache_of
 
 CASE = os.path.join(FOLDER, NAFLEX)
 PATCH = 8
@@ -235,6 +236,18 @@ def test_the_command_line_tools_refuse_it_by_name(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"which keras-vit-convert cannot take yet"):
         convert_checkpoint(CASE, str(tmp_path / "model.keras"))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_loads_from_the_hub_cache_by_name(model, reference, tmp_path, monkeypatch):
+    """`hf://google/siglip2-base-patch16-naflex` offline from the hub cache (huggingface_hub's layout: links to
+    blobs): the folder's model, its outputs on transformers' pixels."""
+    hub_cache_of(tmp_path, "google/siglip2-base-patch16-naflex", CASE)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    by_name = keras_vit.VisionTransformer(weights="hf://google/siglip2-base-patch16-naflex")
+    inputs = reference_inputs(reference, [0, 3], 256)
+    np.testing.assert_array_equal(to_numpy(by_name(inputs)["embedding"]), to_numpy(model(inputs)["embedding"]))
+    assert relative(by_name(inputs)["embedding"][1], reference["pooler_output_3_256"]) < TOLERANCE
 
 
 def test_a_naflex_folder_is_read_once_for_its_model(monkeypatch):
