@@ -14,13 +14,14 @@ the dependencies run convert -> models -> checkpoints, never back.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 
 import keras
 import numpy as np
 
-from keras_vit import models
+from keras_vit import geometry, models, variants
 from keras_vit.atomic import atomic_write, check_room, variables_bytes
 from keras_vit.checkpoints.reader import read_checkpoint
 
@@ -79,6 +80,29 @@ def convert_checkpoint(checkpoint: str, output: str, *, variant: str | None = No
     images = np.random.default_rng(0).uniform(low, high, (2, *model.inputs[0].shape[1:3], 3)).astype("float32")
     difference = np.abs(np.asarray(converted(images), np.float64) - np.asarray(model(images), np.float64)).max()
     return model, float(difference)
+
+
+def load_call(model: keras.Model, weights: str, *, pooling: str | None = None) -> str:
+    """The `keras_vit.VisionTransformer(...)` call that builds `model` again and loads `weights`, a `.weights.h5`
+    file of it (which holds the weights alone): the fields of its `ViTConfig` (the architecture, and those that
+    differ from the defaults: options a checkpoint's files give, such as DINOv3's rotary positions or timm's
+    pooling), of its `PreprocessingConfig` that differ from the defaults, its input shape, and its head (or
+    `pooling`, for a model without one)."""
+    config, preprocessing = model.vit_config, model.preprocessing_config
+    arguments = {name: getattr(config, name) for name in variants.ARCHITECTURE}
+    arguments.update({field.name: getattr(config, field.name) for field in dataclasses.fields(config)
+                      if getattr(config, field.name) != field.default and field.name not in arguments})
+    arguments.update({field.name: getattr(preprocessing, field.name) for field in dataclasses.fields(preprocessing)
+                      if getattr(preprocessing, field.name) != field.default})
+    arguments["input_shape"] = tuple(model.inputs[0].shape[1:])
+    arguments["include_preprocessing"] = geometry.model_geometry(model).pixel_input
+    head = geometry.model_geometry(model).head
+    if head is None:
+        arguments.update(include_top=False, pooling=pooling)
+    else:
+        arguments.update(classes=int(model.outputs[0].shape[-1]), classifier_activation=None)
+    arguments["weights"] = weights
+    return f"keras_vit.VisionTransformer({', '.join(f'{name}={value!r}' for name, value in arguments.items())})"
 
 
 def _write_read_back(model: keras.Model, output: str) -> keras.Model:

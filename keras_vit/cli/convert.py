@@ -11,8 +11,9 @@ checkpoint-loaded model; prints the max absolute difference (0 when faithful).
 A timm file records neither its heads nor its numerics: give them (timm's defaults are 1e-6 and exact GELU; an
 OpenAI CLIP tower has 1e-5 and QuickGELU). A Hugging Face file takes them from the config.json beside it.
 
-Load a `.weights.h5` result with `weights="path.weights.h5"` and the same arguments (variant, input
-size, classes, representation size).
+A `.weights.h5` result holds the weights alone: the command prints the `keras_vit.VisionTransformer(...)` call
+that builds its model (the architecture, the options and preprocessing the checkpoint's files gave, the input
+shape, the head or pooling) and loads it. A `.keras` result holds all of it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"output {model.outputs[0].shape[-1]}).")
     print(f"validate_output: max abs difference {difference:.3g} (the written file, read back, vs. the "
           f"checkpoint-loaded model)")
+    if args.output.endswith(".weights.h5"):
+        from keras_vit.checkpoints.reader import read_checkpoint
+
+        pooling = read_checkpoint(args.checkpoint).pooling  # of a model without a head: the file's, as converted
+        print(f"Load it with: {convert.load_call(model, args.output, pooling=pooling)}")
     return 0
 
 

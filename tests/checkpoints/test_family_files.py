@@ -79,7 +79,8 @@ def test_built_at_the_files_own_size_with_its_own_transform(name):
 def test_convert_writes_the_file_at_its_own_size(tmp_path, capsys, name):
     """keras-vit-convert without --image-size builds at the size the files declare, as the other commands do: it
     built a transformers DINOv2 file (table 256, processor crop 224) at 256, and failed on every DINOv3 file (no
-    table: KeyError 'image_size'). The written file, read back, gives the source library's output."""
+    table: KeyError 'image_size'). The written file, read back, gives the source library's output; a `.weights.h5`
+    one, through the builder call the command prints."""
     from keras_vit.cli import convert as convert_cli
 
     folder, meta, reference = case(name)
@@ -88,6 +89,13 @@ def test_convert_writes_the_file_at_its_own_size(tmp_path, capsys, name):
     assert f"input {height}x{width}" in capsys.readouterr().out
     model = keras.saving.load_model(tmp_path / "model.keras")
     assert_agrees(model.predict_on_batch(reference["pixels"].astype("float32")), reference["output"], name)
+    # A .weights.h5 holds the weights alone: the printed builder call (the file's options, preprocessing and
+    # pooling: DINOv3's rotary positions and patch-mean head, DINOv2's crop) rebuilds the model it loads into.
+    assert convert_cli.main([folder, str(tmp_path / "model.weights.h5")]) == 0
+    call = capsys.readouterr().out.split("Load it with: ", 1)[1].strip()
+    rebuilt = eval(call, {"keras_vit": keras_vit})  # noqa: S307 (the line a user copies)
+    assert rebuilt.vit_config == model.vit_config and rebuilt.preprocessing_config == model.preprocessing_config
+    assert_agrees(rebuilt.predict_on_batch(reference["pixels"].astype("float32")), reference["output"], name)
 
 
 def patch_tokens(model) -> keras.Model:
