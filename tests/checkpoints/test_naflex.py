@@ -78,7 +78,9 @@ def test_resize_equals_pils_on_every_picture_but_the_1_to_3_one(reference):
             np.testing.assert_array_equal(ours["patches"][0], reference[f"raw_{index}_{budget}"])
 
 
-@pytest.mark.parametrize("budget", NAFLEX_BUDGETS)
+# Budget 256 on TensorFlow only (the other backends' runs leave `slow` out: each new shape compiles there).
+@pytest.mark.parametrize("budget", [pytest.param(budget, marks=pytest.mark.slow) if budget == 256 else budget
+                                    for budget in NAFLEX_BUDGETS])
 def test_model_matches_transformers(model, reference, budget):
     """Pooled embedding and the image's tokens (last_hidden_state) of each image on transformers' pixels."""
     for index in range(len(NAFLEX_SHAPES)):
@@ -245,9 +247,9 @@ def test_loads_from_the_hub_cache_by_name(model, reference, tmp_path, monkeypatc
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     by_name = keras_vit.VisionTransformer(weights="hf://google/siglip2-base-patch16-naflex")
-    inputs = reference_inputs(reference, [0, 3], 256)
+    inputs = reference_inputs(reference, [0, 3], 64)
     np.testing.assert_array_equal(to_numpy(by_name(inputs)["embedding"]), to_numpy(model(inputs)["embedding"]))
-    assert relative(by_name(inputs)["embedding"][1], reference["pooler_output_3_256"]) < TOLERANCE
+    assert relative(by_name(inputs)["embedding"][1], reference["pooler_output_3_64"]) < TOLERANCE
 
 
 def test_a_naflex_folder_is_read_once_for_its_model(monkeypatch):

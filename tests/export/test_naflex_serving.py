@@ -121,7 +121,7 @@ def test_served_embedding_matches_transformers_from_jpeg_bytes(served, reference
                                    atol=1e-6)
 
 
-@pytest.mark.parametrize("budget", NAFLEX_BUDGETS)
+@pytest.mark.parametrize("budget", [64, 256])
 def test_a_batch_of_all_five_equals_each_alone(served, budget):
     """Five aspect ratios in one request: each embedding and each image's tokens as that image alone."""
     server, _ = served[budget]
