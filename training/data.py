@@ -185,11 +185,6 @@ def random_box(image: tf.Tensor, min_area: float, seed: tf.Tensor) -> tf.Tensor:
     return crop
 
 
-def inception_crop(image: tf.Tensor, size: int, min_area: float, seed: tf.Tensor) -> tf.Tensor:
-    """`random_box` resized to `size` x `size`."""
-    return tf.image.resize(random_box(image, min_area, seed), (size, size))
-
-
 def _naflex_inputs(config: Config, patch_size: int | None):
     """image (height, width, 3) float32 -> the inputs of a NaFlex ViT for it (`image_io.naflex_patches`: its aspect
     ratio kept, its patches padded to `config.max_num_patches`)."""

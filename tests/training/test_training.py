@@ -266,13 +266,15 @@ def test_saved_model_loads_without_the_training_package(tmp_path):
     assert "LOGITS SHAPE: (2, 10)" in result.stdout and "TRAINING IMPORTED: False" in result.stdout
 
 
-def test_inception_crop_returns_requested_size_and_is_a_function_of_its_seed():
+def test_inception_crop_box_is_a_function_of_its_seed_at_its_own_size():
+    """`random_box`, the Inception crop's box: part of the image at its own size (the square pipeline resizes it to
+    image_size, the NaFlex one keeps its aspect ratio), the same box for the same seed."""
     image = tf.random.uniform((40, 30, 3), seed=1)
-    crops = [np.asarray(data.inception_crop(image, size=24, min_area=0.05, seed=tf.constant([seed, 7])))
-             for seed in (0, 0, 1, 2, 3)]
-    assert crops[0].shape == (24, 24, 3)
-    np.testing.assert_array_equal(crops[0], crops[1])
-    assert len({crop.tobytes() for crop in crops}) == 4  # four seeds, four boxes
+    boxes = [np.asarray(data.random_box(image, min_area=0.05, seed=tf.constant([seed, 7]))) for seed in (0, 0, 1, 2, 3)]
+    np.testing.assert_array_equal(boxes[0], boxes[1])
+    assert len({box.tobytes() for box in boxes}) == 4  # four seeds, four boxes
+    assert all(box.shape[0] <= 40 and box.shape[1] <= 30 and box.shape[2] == 3 for box in boxes)
+    assert len({box.shape for box in boxes}) > 1  # not resized: boxes of several shapes
 
 
 def test_training_batches_are_the_same_for_the_same_seed():
