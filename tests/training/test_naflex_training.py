@@ -16,6 +16,7 @@ from PIL import Image
 
 import keras_vit
 from keras_vit import naflex
+from keras_vit.cli import export as export_cli
 from keras_vit.layers.naflex import NaFlexPositionEmbedding
 from keras_vit.training import configs, data, recipe, trainer
 from tests.data.make_family_files import FOLDER, NAFLEX
@@ -52,10 +53,11 @@ def test_batches_hold_each_crop_at_its_own_grid_and_eval_images_by_the_processor
         np.testing.assert_allclose(eval_inputs["patches"][index], expected["patches"][0], atol=1.5)  # PIL's rounding
 
 
-def test_digits_from_scratch_trains_saves_and_counts_each_eval_image_once(tmp_path):
+def test_digits_from_scratch_trains_saves_and_counts_each_eval_image_once(tmp_path, capsys):
     """A tiny NaFlex ViT trained from scratch on the digits: its `model.keras` (patch sequences in, logits out) loads
     and predicts as the run's model, and the summary's top-1 is the loaded model's on the 360 test digits, each once
-    (the last eval batch is padded with a one-patch image of weight 0, not with NaN-making empty sequences)."""
+    (the last eval batch is padded with a one-patch image of weight 0, not with NaN-making empty sequences).
+    keras-vit-export refuses the file by name (a NaFlex classifier's SavedModel is not built)."""
     config = _digits_config()
     summary = trainer.train_and_evaluate(config, str(tmp_path), verbose=0)
     assert summary["num_eval_examples"] == 360 and np.isfinite(summary["loss"]), summary
@@ -73,6 +75,10 @@ def test_digits_from_scratch_trains_saves_and_counts_each_eval_image_once(tmp_pa
         seen += len(labels)
     assert seen == 360
     assert correct / seen == pytest.approx(summary["top1"], abs=1e-6)
+    with pytest.raises(SystemExit) as stop:  # not served yet: said in one line, nothing written
+        export_cli.main(["--model", summary["model_path"], "--out", str(tmp_path / "served")])
+    assert stop.value.code == 2 and not (tmp_path / "served").exists()
+    assert "is a NaFlex ViT (patch sequences" in capsys.readouterr().err
 
 
 def test_naflex_runs_refuse_what_does_not_apply():
