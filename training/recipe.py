@@ -122,12 +122,8 @@ def architecture(config: Config) -> dict | variants.ViTConfig:
     explicit = _explicit_architecture(config)
     checkpoint = naflex_checkpoint(config)
     if checkpoint is not None:
-        stated = variants.ViTConfig(**checkpoint.config)
-        for name, value in explicit.items():
-            if value != stated[name]:
-                raise ValueError(f"{name}={value!r} contradicts {checkpoint.path!r}, whose NaFlex model has "
-                                 f"{name}={stated[name]!r}. Leave {name} out (0) to take the file's.")
-        return stated
+        weights_file(config).check_agrees(explicit)
+        return variants.ViTConfig(**checkpoint.config)
     if len(explicit) == len(variants.ARCHITECTURE):
         return explicit
     return models.model_config(None, weights_file(config), **explicit)

@@ -61,6 +61,8 @@ class CheckpointFile:
     @property
     def fixed(self) -> dict[str, Any]:
         """The `ViTConfig` fields the file's config.json fixes (a contradicting value is an error)."""
+        if self.naflex is not None:
+            return dict(self.naflex.config)
         if self.layout in torch_layout.TIMM_LAYOUTS:
             return dict(self.timm_config or {})
         if self.layout not in torch_layout.HF_LAYOUTS or self.hf_config is None:
