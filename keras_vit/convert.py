@@ -95,9 +95,9 @@ def load_call(model: keras.Model, weights: str, *, pooling: str | None = None) -
     arguments.update({field.name: getattr(preprocessing, field.name) for field in dataclasses.fields(preprocessing)
                       if getattr(preprocessing, field.name) != field.default})
     arguments["input_shape"] = tuple(model.inputs[0].shape[1:])
-    arguments["include_preprocessing"] = geometry.model_geometry(model).pixel_input
-    head = geometry.model_geometry(model).head
-    if head is None:
+    model_geometry = geometry.model_geometry(model)
+    arguments["include_preprocessing"] = model_geometry.pixel_input
+    if model_geometry.head is None:
         arguments.update(include_top=False, pooling=pooling)
     else:
         arguments.update(classes=int(model.outputs[0].shape[-1]), classifier_activation=None)
