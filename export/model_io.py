@@ -12,12 +12,20 @@ from __future__ import annotations
 import keras
 
 from keras_vit import resnet, variants
-from keras_vit.geometry import ModelGeometry, model_geometry
+from keras_vit.geometry import ModelGeometry, is_naflex_model, model_geometry
 from keras_vit.head_rows import head_rows_model
 
 
 def _geometry(model: keras.Model) -> ModelGeometry | None:
-    """`model_geometry(model)`, or None for a model that is not a keras_vit model (any Keras image model)."""
+    """`model_geometry(model)`, or None for a model that is not a keras_vit model (any Keras image model).
+
+    Raises:
+        ValueError: `model` is a NaFlex ViT, whose exports take image bytes only (`export.naflex_serving`).
+    """
+    if is_naflex_model(model):
+        raise ValueError(f"Model {model.name!r} is a NaFlex ViT (it takes patch sequences, as keras-vit-train with "
+                         "max_num_patches writes one): its SavedModel, LiteRT, ONNX and OpenVINO files are not built "
+                         "yet. keras-vit-export serves SigLIP 2 NaFlex folders (--weights FOLDER --max-num-patches N).")
     try:
         return model_geometry(model)
     except ValueError:

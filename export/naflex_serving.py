@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from keras_vit import features, image_io, kernels
 from keras_vit.atomic import DiskSpaceError, atomic_write, check_room, variables_bytes
-from keras_vit.layers.naflex import NaFlexPositionEmbedding
+from keras_vit.geometry import is_naflex_model
 
 from . import model_io, saved_model, serving
 
@@ -59,11 +59,6 @@ def decode(image_bytes: tf.Tensor, patch_size: int, max_num_patches: int,
         lambda data: image_io.naflex_patches(image_io.decode_rgb(data, max_pixels), patch_size, max_num_patches),
         image_bytes, fn_output_signature=signature, parallel_iterations=1)
     return {"patches": patches, "patch_mask": mask, "spatial_shapes": shapes}
-
-
-def is_naflex_model(model: keras.Model) -> bool:
-    """Whether `model` is a NaFlex ViT (it has a `NaFlexPositionEmbedding`)."""
-    return any(isinstance(layer, NaFlexPositionEmbedding) for layer in model.layers)
 
 
 def patch_size_of(model: keras.Model) -> int:

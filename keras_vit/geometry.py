@@ -113,6 +113,12 @@ def model_geometry(model: keras.Model) -> ModelGeometry:
                          config=config)
 
 
+def is_naflex_model(model: keras.Model) -> bool:
+    """Whether `model` is a NaFlex ViT (`keras_vit.naflex.NaFlexViT`: it takes patch sequences and has a
+    `NaFlexPositionEmbedding`), whose geometry is each image's own."""
+    return any(isinstance(layer, vit_layers.NaFlexPositionEmbedding) for layer in model.layers)
+
+
 def _only(model: keras.Model, layer_type: type) -> keras.layers.Layer:
     """The model's one top-level layer of `layer_type`."""
     found = [layer for layer in model.layers if isinstance(layer, layer_type)]

@@ -175,12 +175,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from keras_vit import features
 
     model = common.model_from_args(parser, args, input_shape=(None, None, 3) if args.any_size else None)
-    from keras_vit.export import naflex_serving
-
-    if naflex_serving.is_naflex_model(model):  # a --model file (a NaFlex folder went to _export_naflex above)
-        parser.error(f"{args.model} is a NaFlex ViT (patch sequences, as keras-vit-train with max_num_patches writes "
-                     "one): keras-vit-export serves NaFlex models from SigLIP 2 folders (--weights FOLDER "
-                     "--max-num-patches N); the SavedModel of a NaFlex classifier is not built yet.")
     if args.class_embeddings:
         model = features.zero_shot_classifier(model, np.load(args.class_embeddings), source=args.embedding,
                                               logit_scale=args.logit_scale, logit_bias=args.logit_bias)

@@ -17,6 +17,7 @@ from PIL import Image
 import keras_vit
 from keras_vit import naflex
 from keras_vit.cli import export as export_cli
+from keras_vit.cli import tflite as tflite_cli
 from keras_vit.layers.naflex import NaFlexPositionEmbedding
 from keras_vit.training import configs, data, recipe, trainer
 from tests.data.make_family_files import FOLDER, NAFLEX
@@ -57,7 +58,7 @@ def test_digits_from_scratch_trains_saves_and_counts_each_eval_image_once(tmp_pa
     """A tiny NaFlex ViT trained from scratch on the digits: its `model.keras` (patch sequences in, logits out) loads
     and predicts as the run's model, and the summary's top-1 is the loaded model's on the 360 test digits, each once
     (the last eval batch is padded with a one-patch image of weight 0, not with NaN-making empty sequences).
-    keras-vit-export refuses the file by name (a NaFlex classifier's SavedModel is not built)."""
+    keras-vit-export and keras-vit-tflite refuse the file by name (a NaFlex classifier's files are not built)."""
     config = _digits_config()
     summary = trainer.train_and_evaluate(config, str(tmp_path), verbose=0)
     assert summary["num_eval_examples"] == 360 and np.isfinite(summary["loss"]), summary
@@ -75,10 +76,15 @@ def test_digits_from_scratch_trains_saves_and_counts_each_eval_image_once(tmp_pa
         seen += len(labels)
     assert seen == 360
     assert correct / seen == pytest.approx(summary["top1"], abs=1e-6)
-    with pytest.raises(SystemExit) as stop:  # not served yet: said in one line, nothing written
-        export_cli.main(["--model", summary["model_path"], "--out", str(tmp_path / "served")])
-    assert stop.value.code == 2 and not (tmp_path / "served").exists()
-    assert "is a NaFlex ViT (patch sequences" in capsys.readouterr().err
+    capsys.readouterr()
+    for command, main in (("keras-vit-export", export_cli.main), ("keras-vit-tflite", tflite_cli.main)):
+        with pytest.raises(SystemExit) as stop:  # not served yet: said in one line, nothing written
+            main(["--model", summary["model_path"], "--out", str(tmp_path / "served")])
+        assert stop.value.code == 1 and not (tmp_path / "served").exists()
+        assert capsys.readouterr().err.strip() == (
+            f"{command}: error: Model {model.name!r} is a NaFlex ViT (it takes patch sequences, as keras-vit-train "
+            "with max_num_patches writes one): its SavedModel, LiteRT, ONNX and OpenVINO files are not built yet. "
+            "keras-vit-export serves SigLIP 2 NaFlex folders (--weights FOLDER --max-num-patches N).")
 
 
 def test_naflex_runs_refuse_what_does_not_apply():
