@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -46,19 +47,39 @@ def _env(process_id: int | None, port: int, devices: int = DEVICES_PER_PROCESS, 
 
 
 def _run_processes(commands: list[list[str]], envs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
-    """Runs the commands at once (one per process) and waits for all of them."""
-    procs = [subprocess.Popen(c, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Runs the commands at once (one per process) and waits for all of them. A process still running after
+    `timeout` seconds fails the test with every process's Python stacks (SIGABRT to faulthandler) and output."""
+    procs = [subprocess.Popen(c, cwd=REPO, env={**e, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
              for c, e in zip(commands, envs)]
+    deadline = time.monotonic() + timeout
     results = []
     for command, proc in zip(commands, procs):
         try:
-            stdout, stderr = proc.communicate(timeout=timeout)
+            stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise
+            _fail_with_stacks(procs, timeout)
         results.append(subprocess.CompletedProcess(command, proc.returncode, stdout, stderr))
     return results
+
+
+def _fail_with_stacks(procs: list[subprocess.Popen], timeout: float) -> None:
+    """Ends the processes, those still running with SIGABRT (faulthandler prints their threads' stacks), and fails
+    with what each printed."""
+    running = [proc.poll() is None for proc in procs]
+    for proc, alive in zip(procs, running):
+        if alive:
+            proc.send_signal(signal.SIGABRT)
+    reports = []
+    for index, (proc, alive) in enumerate(zip(procs, running)):
+        try:
+            stdout, stderr = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        state = "still running (stacks below)" if alive else f"exited with {proc.returncode}"
+        reports.append(f"--- process {index}: {state}\nstdout: {stdout[-2000:]}\nstderr: {stderr[-6000:]}")
+    pytest.fail(f"Not every process ended within {timeout:.0f} s.\n" + "\n".join(reports), pytrace=False)
 
 
 def _ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
