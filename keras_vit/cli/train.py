@@ -106,6 +106,8 @@ def main(argv: list[str]) -> None:
     except (ValueError, multihost.JoinError) as error:  # A config or setup that cannot run: one line, no traceback.
         if cli.wants_traceback():
             raise
+        if multihost.joined():
+            multihost.exit_joined(cli.error_line(COMMAND, error), 1)
         raise SystemExit(cli.error_line(COMMAND, error)) from None
     logging.info("Devices: %s", distribute.device_names())
     try:
