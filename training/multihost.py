@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 
 import numpy as np
@@ -134,8 +135,6 @@ def exit_joined(message: str, status: int) -> None:
     and this one exits at once, without Python's final garbage collection. There, a process whose peers had already
     gone could wait forever in the destructor of a JAX object (seen in about 1 of 30 such exits on a loaded 2-core
     machine; faulthandler: 'Garbage-collecting', no Python frame)."""
-    import sys
-
     print(message, file=sys.stderr)
     logging.shutdown()
     sys.stdout.flush()

@@ -119,14 +119,13 @@ def architecture(config: Config) -> dict | variants.ViTConfig:
     0) the weights file's with the fields given."""
     if config.variant:
         return variants.decode_variant(config.variant)
-    explicit = _explicit_architecture(config)
-    checkpoint = naflex_checkpoint(config)
-    if checkpoint is not None:
-        weights_file(config).check_agrees(explicit)
-        return variants.ViTConfig(**checkpoint.config)
+    explicit, file = _explicit_architecture(config), weights_file(config)
+    if file is not None and file.naflex is not None:
+        file.check_agrees(explicit)
+        return variants.ViTConfig(**file.naflex.config)
     if len(explicit) == len(variants.ARCHITECTURE):
         return explicit
-    return models.model_config(None, weights_file(config), **explicit)
+    return models.model_config(None, file, **explicit)
 
 
 def build_backbone(config: Config, **options) -> keras.Model:
