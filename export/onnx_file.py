@@ -10,10 +10,11 @@ Images are not decoded or resized in the graph (ONNX has no image decoder): give
 (`report["image_size"]`), resized as `report["preprocessing"]` says.
 
 `precision="int8"` writes that file after ONNX Runtime's post-training dynamic quantization (`quantize_dynamic`:
-int8 weights, activations quantized per batch at run time; the form ONNX Runtime recommends for transformers,
-with no calibration images). Each batch's activations share one int8 scale, so an image's outputs depend slightly
-on the other images of its batch. `precision="int8_static"` writes ONNX Runtime's static quantization instead
-(`quantize_static`, QDQ, of the matmuls and convolutions: int8 weights per output channel, uint8 activations with
+int8 weights (in 7 bits, for CPUs without VNNI: `SEVEN_BIT_WEIGHTS`), activations quantized per batch at run time;
+the form ONNX Runtime recommends for transformers, with no calibration images). Each batch's activations share one
+int8 scale, so an image's outputs depend slightly on the other images of its batch. `precision="int8_static"`
+writes ONNX Runtime's static quantization instead (`quantize_static`, QDQ, of the matmuls and convolutions: int8
+weights per output channel, in 7 bits too, uint8 activations with
 scales calibrated on images, yours (`calibration_images`) or photo crops; an image's outputs are its own). Either
 is checked first as float32 against Keras, then on real photographs against the Keras model's top-1
 (`export.precision.agreement`, in batches of 16), refused past `max_top1_drop` points.
@@ -38,13 +39,20 @@ from .runtime_files import INPUT_NAME, MAX_RELATIVE_DIFF, check_images
 ONNX_FILE = "model.onnx"
 PRECISIONS = ("float32", "int8", "int8_static")
 INT8_METHODS = {
-    "int8": "onnxruntime.quantization.quantize_dynamic (int8 weights, activations quantized at run time)",
+    "int8": "onnxruntime.quantization.quantize_dynamic (int8 weights in 7 bits, reduce_range; activations quantized "
+            "at run time)",
     "int8_static": "onnxruntime.quantization.quantize_static (QDQ; the matmuls and convolutions: int8 weights per "
-                   "channel, uint8 activations calibrated with MinMax)",
+                   "channel in 7 bits, reduce_range; uint8 activations calibrated with MinMax)",
 }
 # The ops int8_static quantizes (their inputs and outputs); softmax, GELU and LayerNorm compute in float32. Quantizing
 # every op gave a ViT-B/16's 1000 probabilities (about 1e-3 each) one uint8 step: top-1 agreement 0% (run BB).
 STATIC_INT8_OPS = ("MatMul", "Conv", "Gemm")
+# int8 weights in 7 bits ([-64, 64], ONNX Runtime's `reduce_range`), for every CPU the file may be served on: without
+# VNNI (AVX2; AVX-512 before Cascade Lake) ONNX Runtime multiplies uint8 activations by int8 weights with VPMADDUBSW,
+# whose 16-bit sum of two products saturates past 32767 (2 x 255 x 127 = 64770; 2 x 255 x 64 = 32640 fits). With 8
+# bits, ViT-B/16's file agreed with Keras' top-1 on 66% of photo crops on an AVX2-only EPYC, with 7 bits on 91%, as
+# fast (benchmarks/RESULTS.md run BG). The CPU that serves a file is not known when it is written.
+SEVEN_BIT_WEIGHTS = True
 INT8_METHOD = INT8_METHODS["int8"]
 REPORT_FILE = "keras_vit_onnx.json"
 DISTRIBUTIONS = ("onnx", "onnxruntime", "tf2onnx")  # keras_vit[onnx]
@@ -135,11 +143,12 @@ def export_onnx(model: keras.Model, base_dir: str | os.PathLike, *, version: int
 
 
 def quantize_in_place(path: str) -> None:
-    """Replaces the ONNX file at `path` with ONNX Runtime's dynamic int8 quantization of it."""
+    """Replaces the ONNX file at `path` with ONNX Runtime's dynamic int8 quantization of it (weights in 7 bits:
+    `SEVEN_BIT_WEIGHTS`)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantized = path + ".int8"
-    quantize_dynamic(path, quantized, weight_type=QuantType.QInt8)
+    quantize_dynamic(path, quantized, weight_type=QuantType.QInt8, reduce_range=SEVEN_BIT_WEIGHTS)
     os.replace(quantized, path)
 
 
@@ -157,7 +166,7 @@ def quantize_static_in_place(path: str, images: np.ndarray) -> None:
 
     quantized = path + ".int8"
     quantize_static(path, quantized, Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    reduce_range=SEVEN_BIT_WEIGHTS, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     op_types_to_quantize=list(STATIC_INT8_OPS))
     os.replace(quantized, path)
 

@@ -46,6 +46,30 @@ def openvino_is_int8(path) -> bool:
     return [op.get_type_name() for op in openvino.Core().read_model(str(path)).get_ops()].count("FakeQuantize") >= 4
 
 
+def onnx_int8_weights(path) -> list[np.ndarray]:
+    """The file's int8 weights."""
+    import onnx
+    from onnx import numpy_helper
+
+    return [numpy_helper.to_array(tensor) for tensor in onnx.load(str(path)).graph.initializer
+            if tensor.data_type == onnx.TensorProto.INT8]
+
+
+def openvino_int8_weights(path) -> list[np.ndarray]:
+    """The file's int8 weights (NNCF stores a quantized matmul's weights as int8 constants)."""
+    import openvino
+
+    return [op.get_data() for op in openvino.Core().read_model(str(path)).get_ops()
+            if op.get_type_name() == "Constant" and op.get_element_type().get_type_name() == "i8"]
+
+
+def assert_7_bit(weights: list[np.ndarray]) -> None:
+    """Every int8 weight within [-64, 64], which no CPU's 8-bit dot product saturates on (without VNNI, two uint8 x
+    int8 products sum into 16 bits: 2 x 255 x 127 overflows 32767, 2 x 255 x 64 does not)."""
+    assert weights and all(np.abs(weight.astype(np.int32)).max() <= 64 for weight in weights), \
+        sorted({int(np.abs(weight.astype(np.int32)).max()) for weight in weights})
+
+
 @dataclasses.dataclass(frozen=True)
 class Runtime:
     export: Callable
@@ -57,16 +81,17 @@ class Runtime:
     module: str  # the module whose absence is named
     int8_method: str  # in the printed line
     is_int8: Callable
+    int8_weights: Callable
     module_file: object  # export.onnx_file or export.openvino_file
 
 
 RUNTIMES = {
     "onnx": Runtime(onnx_file.export_onnx, onnx_file.read_report, (onnx_file.ONNX_FILE,), run_onnx,
                     onnx_file.OnnxMismatchError, "ONNX", "onnxruntime", "ONNX Runtime's dynamic quantization",
-                    onnx_is_int8, onnx_file),
+                    onnx_is_int8, onnx_int8_weights, onnx_file),
     "openvino": Runtime(openvino_file.export_openvino, openvino_file.read_report, (openvino_file.XML_FILE, "model.bin"),
                         run_openvino, openvino_file.OpenVinoMismatchError, "OpenVINO", "openvino", "NNCF",
-                        openvino_is_int8, openvino_file),
+                        openvino_is_int8, openvino_int8_weights, openvino_file),
 }
 FORMATS = [pytest.param("onnx"), pytest.param("openvino", marks=needs("openvino", "OpenVINO's runtime, "
                                                                                   "keras_vit[openvino]"))]
@@ -128,6 +153,7 @@ def test_int8_file_is_checked_on_photographs(tmp_path, capsys, file_format):
     assert (report["precision"], report["quantization"]) == ("int8", runtime.module_file.INT8_METHOD)
     assert report["float32_check"]["max_relative_diff"] <= runtime_files.MAX_RELATIVE_DIFF
     assert runtime.is_int8(base / "1" / runtime.files[0])
+    assert_7_bit(runtime.int8_weights(base / "1" / runtime.files[0]))
     assert sorted(os.listdir(base / "1")) == sorted([*runtime.files, runtime.module_file.REPORT_FILE])
     check = report["int8_check"]
     photos = data.photos((32, 32), count=precision.CHECK_PHOTOS)
@@ -252,6 +278,7 @@ def test_int8_file_is_calibrated_on_the_given_images(tmp_path, capsys, monkeypat
         assert "MatMul" in takers and takers <= set(onnx_file.STATIC_INT8_OPS), takers
         assert any(tensor.data_type == onnx.TensorProto.INT8 for tensor in graph.initializer)
         assert report["quantization"] == onnx_file.INT8_METHODS["int8_static"]
+    assert_7_bit(RUNTIMES[file_format].int8_weights(base / "1" / RUNTIMES[file_format].files[0]))
     photos = data.photos((32, 32), count=precision.CHECK_PHOTOS)
     ours = np.concatenate([runtime.run(base / "1" / runtime.files[0], photos[start:start + 16])
                            for start in range(0, len(photos), 16)])
