@@ -50,8 +50,8 @@ STATIC_INT8_OPS = ("MatMul", "Conv", "Gemm")
 # int8 weights in 7 bits ([-64, 64], ONNX Runtime's `reduce_range`), for every CPU the file may be served on: without
 # VNNI (AVX2; AVX-512 before Cascade Lake) ONNX Runtime multiplies uint8 activations by int8 weights with VPMADDUBSW,
 # whose 16-bit sum of two products saturates past 32767 (2 x 255 x 127 = 64770; 2 x 255 x 64 = 32640 fits). With 8
-# bits, ViT-B/16's file agreed with Keras' top-1 on 66% of photo crops on an AVX2-only EPYC, with 7 bits on 91%, as
-# fast (benchmarks/RESULTS.md run BG). The CPU that serves a file is not known when it is written.
+# bits, ViT-B/16's file agreed with Keras' top-1 on 66% of photo crops on an AVX2-only EPYC, with 7 bits on 91%
+# (benchmarks/RESULTS.md run BG). The CPU that serves a file is not known when it is written.
 SEVEN_BIT_WEIGHTS = True
 INT8_METHOD = INT8_METHODS["int8"]
 REPORT_FILE = "keras_vit_onnx.json"
